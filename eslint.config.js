@@ -1,0 +1,56 @@
+// Lint rules, including the layer table of ARCHITECTURE.md enforced with no-restricted-imports.
+// A folder may import only the layers listed for it; everything else is an error.
+import js from '@eslint/js';
+import tseslint from 'typescript-eslint';
+
+const layers = ['core', 'gen', 'config', 'observability', 'store', 'docker', 'kube', 'host-agent', 'control-plane', 'api', 'runner-sdk', 'cli'];
+/** What each src/ folder may import (besides itself). Keep in step with ARCHITECTURE.md. */
+const allowed = {
+  core: [],
+  gen: [],
+  config: ['core'],
+  observability: ['core'],
+  store: ['core', 'gen', 'config', 'observability'],
+  docker: ['core', 'config', 'observability'],
+  kube: ['core', 'config', 'observability'],
+  'host-agent': ['core', 'gen', 'config', 'observability', 'store', 'docker'],
+  'control-plane': ['core', 'gen', 'config', 'observability', 'store', 'kube'],
+  api: ['core', 'gen', 'config', 'observability', 'control-plane'],
+  'runner-sdk': ['gen'],
+  cli: ['gen', 'config', 'runner-sdk'],
+};
+const ioModules = ['fs', 'net', 'child_process', 'http', 'https', 'http2', 'dgram', 'dns', 'tls', 'os', 'worker_threads', 'cluster', 'process']
+  .flatMap((m) => [m, `node:${m}`, `${m}/promises`, `node:${m}/promises`]);
+
+const layerRules = Object.entries(allowed).map(([layer, ok]) => ({
+  files: [`src/${layer}/**/*.ts`],
+  rules: {
+    'no-restricted-imports': ['error', {
+      patterns: layers.filter((l) => l !== layer && !ok.includes(l)).map((l) => ({
+        group: [`**/${l}/*`, `**/${l}`],
+        message: `src/${layer} may not import src/${l} (see ARCHITECTURE.md, "Layers").`,
+      })).concat(layer === 'core' ? [{
+        group: ['dockerode', '@nats-io/*', '@grpc/*', '@kubernetes/*', 'pino', 'prom-client', 'tar-stream'],
+        message: 'src/core is pure domain logic: no I/O libraries.',
+      }] : []),
+      paths: layer === 'core' ? ioModules.map((name) => ({ name, message: 'src/core is pure: no I/O.' })) : [],
+    }],
+  },
+}));
+
+export default tseslint.config(
+  { ignores: ['node_modules/**', 'src/gen/**', 'bench/results/**', 'helm/**', 'coverage/**'] },
+  js.configs.recommended,
+  ...tseslint.configs.recommended,
+  {
+    rules: {
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],
+      'no-console': 'off',
+    },
+  },
+  ...layerRules,
+  {
+    files: ['src/core/**/*.ts'],
+    rules: { 'no-restricted-globals': ['error', { name: 'Date', message: 'src/core reads no clock: pass time in.' }, { name: 'process', message: 'src/core reads no env.' }] },
+  },
+);
