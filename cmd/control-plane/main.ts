@@ -1,0 +1,68 @@
+// Control-plane process: load config, build logger and metrics, connect the state store
+// (launching an embedded nats-server when no NATS URL is configured), serve /healthz,
+// /readyz and /metrics, and shut down gracefully on SIGINT/SIGTERM.
+import { join, resolve } from 'node:path';
+import { loadControlPlaneConfig } from '../../src/config/control-plane.ts';
+import { createLogger } from '../../src/observability/logger.ts';
+import { FleetMetrics } from '../../src/observability/metrics.ts';
+import { startOpsServer } from '../../src/observability/http-server.ts';
+import { connectNats, StateStore } from '../../src/store/connection.ts';
+import { LocalNatsServer } from '../../src/store/local-nats-server.ts';
+import { API_SHA } from '../../src/gen/api-sha.ts';
+
+async function main(): Promise<void> {
+  const config = loadControlPlaneConfig();
+  const logger = createLogger({ name: 'control-plane', level: config.logLevel });
+  const metrics = new FleetMetrics(undefined, { defaultMetrics: true });
+  const stateDir = resolve(config.stateDir);
+
+  let embedded: LocalNatsServer | undefined;
+  let natsUrl = config.natsUrl;
+  if (natsUrl === '') {
+    // Dev / local fleet: own a nats-server whose data survives restarts under the state dir.
+    embedded = await LocalNatsServer.start({
+      storeDir: join(stateDir, 'nats', 'jetstream'),
+      workDir: join(stateDir, 'nats'),
+      logger: logger.child({ component: 'nats-server' }),
+    });
+    natsUrl = embedded.url;
+  }
+  const nc = await connectNats({ servers: natsUrl, name: 'control-plane', logger, waitOnFirstConnect: true });
+  const store = await StateStore.open(nc, { replicas: config.storeReplicas, logger });
+  await store.events.append({
+    id: `control-plane-start-${process.pid}-${Date.now()}`,
+    timeMs: Date.now(),
+    actor: 'control-plane',
+    subjectKind: 'control_plane',
+    subjectId: 'local',
+    type: 'started',
+    detail: { apiSha: API_SHA, pid: String(process.pid) },
+  });
+
+  const ops = await startOpsServer({
+    host: config.httpHost,
+    port: config.httpPort,
+    registry: metrics.registry,
+    readiness: async () => (nc.isClosed() ? 'NATS connection closed' : undefined),
+  });
+  logger.info({ ops: ops.url, nats: natsUrl, embeddedNats: embedded !== undefined, apiSha: API_SHA }, 'control plane ready');
+
+  let stopping = false;
+  const shutdown = async (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'shutting down');
+    await ops.close();
+    await nc.drain().catch((err: unknown) => logger.warn({ err }, 'NATS drain failed'));
+    await embedded?.stop();
+    logger.info('stopped');
+    process.exit(0);
+  };
+  process.once('SIGINT', () => void shutdown('SIGINT'));
+  process.once('SIGTERM', () => void shutdown('SIGTERM'));
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

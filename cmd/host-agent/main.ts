@@ -1,0 +1,49 @@
+// Host-agent process: load config, build logger and metrics, connect NATS and the local Docker
+// engine, start the agent; SIGTERM/SIGINT stop it gracefully (finish in-flight commands, drain
+// NATS); SIGUSR2 reports a spot/preemption notice (R-H5). Wiring only: behaviour lives in
+// src/host-agent.
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Docker from 'dockerode';
+import { DockerRuntime } from '../../src/docker/runtime.ts';
+import { HostAgent } from '../../src/host-agent/agent.ts';
+import { devCheckoutSha } from '../../src/host-agent/build-info.ts';
+import { loadHostAgentConfig } from '../../src/host-agent/config.ts';
+import { createLogger } from '../../src/observability/logger.ts';
+import { FleetMetrics } from '../../src/observability/metrics.ts';
+import { connectNats } from '../../src/store/connection.ts';
+
+async function main(): Promise<void> {
+  const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  const config = loadHostAgentConfig(process.env, process.env.SANDBOXFLEET_AGENT_SHA ? undefined : (devCheckoutSha(repoRoot) ?? 'unknown'));
+  const logger = createLogger({ name: 'host-agent', level: config.logLevel });
+  const metrics = new FleetMetrics(undefined, { defaultMetrics: true });
+  const nc = await connectNats({ servers: config.natsUrl.split(','), name: `host-agent/${config.hostId}`, logger, waitOnFirstConnect: true });
+  const runtime = new DockerRuntime(new Docker({ socketPath: config.dockerSocket }));
+  const agent = new HostAgent({ config, nc, runtime, logger, metrics });
+
+  let stopping = false;
+  const shutdown = async (signal: string): Promise<void> => {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'shutting down');
+    await agent.stop();
+    await nc.drain().catch((err: unknown) => logger.warn({ err }, 'NATS drain failed'));
+    process.exit(0);
+  };
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  process.on('SIGINT', () => void shutdown('SIGINT'));
+  process.on('SIGUSR2', () => agent.reportReclaimNotice({ source: 'preemption', deadlineUnixMs: 0 }));
+
+  try {
+    await agent.start();
+  } catch (err) {
+    if (stopping) return;
+    throw err;
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error('host agent failed:', err);
+  process.exit(1);
+});

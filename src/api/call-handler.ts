@@ -1,0 +1,177 @@
+// The one wrapper every API method goes through: authorization by peer role (R-R5), deadlines
+// (R-I1: a call whose deadline passed or that the client cancelled never starts work), error
+// mapping through the single table in errors.ts, one structured log line and metrics per call.
+// Handlers are plain async functions of (request, context); they never touch grpc-js callbacks.
+import * as grpc from '@grpc/grpc-js';
+import type { Logger } from '../observability/logger.ts';
+import { ApiError, toMappedError, toServiceError, type MappedError } from './errors.ts';
+import type { ApiMetrics } from './metrics.ts';
+import type { PeerIdentity, PeerRole } from './peer-identity.ts';
+
+export interface CallContext {
+  readonly method: string;
+  readonly peer: PeerIdentity;
+  /** Aborted when the client cancels or the deadline passes; long work should watch it. */
+  readonly signal: AbortSignal;
+  /** Absolute deadline in epoch ms, or undefined when the client set none. */
+  readonly deadlineMs: number | undefined;
+}
+
+export interface HandlerDeps {
+  readonly logger: Logger;
+  readonly metrics?: ApiMetrics | undefined;
+  /** Reads the caller's identity from the call (certificate, or local dev mode). */
+  readonly identify: (call: AnyCall) => PeerIdentity;
+}
+
+export type AnyCall = grpc.ServerUnaryCall<unknown, unknown> | grpc.ServerWritableStream<unknown, unknown>;
+
+function deadlineOf(call: AnyCall): number | undefined {
+  const d = call.getDeadline();
+  const ms = d instanceof Date ? d.getTime() : d;
+  return Number.isFinite(ms) ? ms : undefined;
+}
+
+function authorize(peer: PeerIdentity, allowed: readonly PeerRole[], method: string): void {
+  if (peer.localDev) return;
+  if (peer.role === undefined) {
+    throw new ApiError(grpc.status.PERMISSION_DENIED, 'role_missing', 'client certificate names no sandboxfleet role', { method });
+  }
+  if (!allowed.includes(peer.role)) {
+    throw new ApiError(grpc.status.PERMISSION_DENIED, 'role_not_allowed', `a ${peer.role} certificate may not call ${method}`, { method, role: peer.role });
+  }
+}
+
+/** Starts the call's context, or throws if it must not start (cancelled, deadline passed, not allowed). */
+function open(deps: HandlerDeps, call: AnyCall, method: string, allowed: readonly PeerRole[]): { ctx: CallContext; done: () => void } {
+  const controller = new AbortController();
+  const deadlineMs = deadlineOf(call);
+  const onCancel = (): void => controller.abort(new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled'));
+  call.once('cancelled', onCancel);
+  let timer: NodeJS.Timeout | undefined;
+  const done = (): void => {
+    call.removeListener('cancelled', onCancel);
+    if (timer !== undefined) clearTimeout(timer);
+  };
+  const ctx: CallContext = { method, peer: deps.identify(call), signal: controller.signal, deadlineMs };
+  try {
+    if (call.cancelled) throw new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled before it started');
+    if (deadlineMs !== undefined) {
+      const left = deadlineMs - Date.now();
+      if (left <= 0) throw new ApiError(grpc.status.DEADLINE_EXCEEDED, 'deadline_exceeded', 'deadline passed before the call started');
+      timer = setTimeout(() => controller.abort(new ApiError(grpc.status.DEADLINE_EXCEEDED, 'deadline_exceeded', 'deadline exceeded')), left);
+      timer.unref();
+    }
+    authorize(ctx.peer, allowed, method);
+  } catch (error) {
+    done();
+    throw Object.assign(error as object, { peer: ctx.peer });
+  }
+  return { ctx, done };
+}
+
+function record(deps: HandlerDeps, method: string, peer: PeerIdentity | undefined, startedAt: number, mapped: MappedError | undefined): void {
+  const code = mapped?.code ?? grpc.status.OK;
+  const durationMs = performance.now() - startedAt;
+  deps.metrics?.requests.inc({ method, code: grpc.status[code] });
+  deps.metrics?.duration.observe({ method }, durationMs / 1000);
+  const line = { method, code: grpc.status[code], reason: mapped?.detail.reason, durationMs: Math.round(durationMs * 100) / 100, role: peer?.localDev ? 'local-dev' : peer?.role, peer: peer?.name };
+  if (mapped === undefined) deps.logger.info(line, 'rpc');
+  else if (mapped.code === grpc.status.INTERNAL) deps.logger.error(line, 'rpc failed');
+  else deps.logger.info(line, 'rpc refused');
+}
+
+function logInternal(deps: HandlerDeps, method: string, error: unknown, mapped: MappedError): void {
+  // The client gets a generic INTERNAL; the cause (with stack) stays in our logs only.
+  if (mapped.code === grpc.status.INTERNAL) deps.logger.error({ method, err: error }, 'internal error in handler');
+}
+
+/** Wraps an async unary handler. */
+export function unary<Req, Res>(
+  deps: HandlerDeps,
+  method: string,
+  allowed: readonly PeerRole[],
+  handler: (request: Req, ctx: CallContext) => Promise<Res>,
+): grpc.handleUnaryCall<Req, Res> {
+  return (call, callback) => {
+    const startedAt = performance.now();
+    let peer: PeerIdentity | undefined;
+    let opened: ReturnType<typeof open> | undefined;
+    const fail = (error: unknown): void => {
+      opened?.done();
+      const mapped = toMappedError(error);
+      logInternal(deps, method, error, mapped);
+      record(deps, method, peer ?? (error as { peer?: PeerIdentity }).peer, startedAt, mapped);
+      callback(toServiceError(mapped));
+    };
+    try {
+      opened = open(deps, call as AnyCall, method, allowed);
+      peer = opened.ctx.peer;
+    } catch (error) {
+      fail(error);
+      return;
+    }
+    const { ctx } = opened;
+    handler(call.request, ctx).then(
+      (response) => {
+        opened?.done();
+        record(deps, method, peer, startedAt, undefined);
+        callback(null, response);
+      },
+      fail,
+    );
+  };
+}
+
+function drainOrAbort(call: grpc.ServerWritableStream<unknown, unknown>, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const finish = (): void => {
+      call.removeListener('drain', finish);
+      signal.removeEventListener('abort', finish);
+      resolve();
+    };
+    call.once('drain', finish);
+    signal.addEventListener('abort', finish, { once: true });
+  });
+}
+
+/** Wraps an async-iterable server-streaming handler (admin ListEvents). */
+export function serverStream<Req, Res>(
+  deps: HandlerDeps,
+  method: string,
+  allowed: readonly PeerRole[],
+  handler: (request: Req, ctx: CallContext) => AsyncIterable<Res>,
+): grpc.handleServerStreamingCall<Req, Res> {
+  return (call) => {
+    const startedAt = performance.now();
+    let opened: ReturnType<typeof open> | undefined;
+    const fail = (error: unknown): void => {
+      opened?.done();
+      const mapped = toMappedError(error);
+      logInternal(deps, method, error, mapped);
+      record(deps, method, opened?.ctx.peer ?? (error as { peer?: PeerIdentity }).peer, startedAt, mapped);
+      if (!call.cancelled) call.emit('error', toServiceError(mapped));
+    };
+    try {
+      opened = open(deps, call as AnyCall, method, allowed);
+    } catch (error) {
+      fail(error);
+      return;
+    }
+    const { ctx } = opened;
+    void (async () => {
+      try {
+        for await (const item of handler(call.request, ctx)) {
+          if (ctx.signal.aborted) break;
+          // Respect backpressure: wait for drain when the socket buffer is full.
+          if (!call.write(item)) await drainOrAbort(call as grpc.ServerWritableStream<unknown, unknown>, ctx.signal);
+        }
+        opened.done();
+        record(deps, method, ctx.peer, startedAt, undefined);
+        if (!call.cancelled) call.end();
+      } catch (error) {
+        fail(error);
+      }
+    })();
+  };
+}

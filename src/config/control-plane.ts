@@ -1,0 +1,114 @@
+// Control-plane configuration: one zod schema, parsed once by loadControlPlaneConfig() from cmd/,
+// never at import time. Each field says why it exists.
+import { z } from 'zod';
+
+const port = z.coerce.number().int().min(0).max(65_535);
+const durationMs = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
+/** Comma-separated list from an env var (empty entries dropped). */
+const csv = z.preprocess(
+  (v) => (typeof v === 'string' ? v.split(',').map((s) => s.trim()).filter((s) => s.length > 0) : v),
+  z.array(z.string().min(1).max(128)).max(64),
+);
+
+export const ControlPlaneConfigSchema = z.object({
+  /** NATS URL of the state store. Empty: launch an embedded local nats-server (dev / `npm start`). */
+  natsUrl: z.string().trim().default(''),
+  /** Where the embedded nats-server keeps JetStream data, and other local state. */
+  stateDir: z.string().min(1).default('.state'),
+  /** Replicas for KV buckets and streams: 1 locally, 3 on a production NATS cluster. */
+  storeReplicas: z.coerce.number().int().min(1).max(5).default(1),
+  /** Health (/healthz, /readyz) and Prometheus (/metrics) listener. 127.0.0.1 unless exposed on purpose. */
+  httpHost: z.string().default('127.0.0.1'),
+  httpPort: port.default(9464),
+  logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /** This replica's name in leader election and the event log (defaults to hostname-pid in cmd/). */
+  replicaId: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/).optional(),
+
+  // ---- attestation policy (R-H2) ----
+  /** Agent build SHAs allowed to run (exact git SHAs). Empty: only the control plane's own build SHA. */
+  allowedAgentShas: csv.default([]),
+  /** Sandbox image digests (`sha256:…`) hosts may run. Empty: no host becomes READY. */
+  allowedImageDigests: csv.default([]),
+  /** Writable-layer capture reads overlay upper dirs (FACTS: overlay2). */
+  allowedStorageDrivers: csv.default(['overlay2']),
+
+  // ---- heartbeats and liveness (R-H3) ----
+  /** Told to agents in RegistrationAck. */
+  heartbeatIntervalMs: durationMs(100, 60_000).default(2_000),
+  /** Silence that makes a host SUSPECT. */
+  heartbeatTtlMs: durationMs(300, 600_000).default(10_000),
+  /** Further silence that makes a SUSPECT host DEAD. */
+  deadGraceMs: durationMs(0, 3_600_000).default(10_000),
+  /** A gap between liveness ticks above this is a control-plane stall: DEAD decisions pause. */
+  stallThresholdMs: durationMs(100, 600_000).default(5_000),
+  /** How often the leader runs its reconcile loops. */
+  reconcileIntervalMs: durationMs(50, 60_000).default(1_000),
+
+  // ---- leases and drain (R-H4, R-H5) ----
+  /** Default host term; 0 = no term end unless the agent reports one. */
+  leaseTermMs: durationMs(0, 365 * 24 * 3_600_000).default(0),
+  /** Drain starts this long before a host's term end. */
+  drainMarginMs: durationMs(0, 24 * 3_600_000).default(300_000),
+  /** Planned departure: how long to wait for an in-flight turn to end before stopping anyway. */
+  turnWaitMs: durationMs(0, 3_600_000).default(60_000),
+  /** How long a group may wait for an eligible target host before it is declared LOST. */
+  evacuationDeadlineMs: durationMs(1_000, 24 * 3_600_000).default(600_000),
+
+  // ---- groups, checkpoints, migration (R-G2..R-G7) ----
+  /** SIGTERM grace for clean stops (R-G2). */
+  stopGraceMs: durationMs(100, 600_000).default(10_000),
+  /** R-G4: a checkpoint older than this is stale. */
+  checkpointMaxAgeMs: durationMs(1_000, 30 * 24 * 3_600_000).default(24 * 3_600_000),
+  /** R-G7: valid checkpoints kept per group. */
+  checkpointKeep: z.coerce.number().int().min(1).max(100).default(2),
+  /** R-G5: restore attempts (each on another host) before LOST restore_failed. */
+  restoreMaxAttempts: z.coerce.number().int().min(1).max(10).default(3),
+  /** Groups migrated at once (bounded parallelism). */
+  migrationParallelism: z.coerce.number().int().min(1).max(64).default(4),
+  /** Deadline of one agent command (checkpoint/restore of large layers take longest). */
+  agentCommandTimeoutMs: durationMs(500, 3_600_000).default(120_000),
+  /** Leader lease renewal period; the lease expires server-side (leadership bucket TTL). */
+  leaderRenewMs: durationMs(100, 10_000).default(3_000),
+});
+
+export type ControlPlaneConfig = z.infer<typeof ControlPlaneConfigSchema>;
+
+/** Reads SANDBOXFLEET_* environment variables; a bad value fails start-up with every problem listed. */
+export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): ControlPlaneConfig {
+  const parsed = ControlPlaneConfigSchema.safeParse({
+    natsUrl: env.SANDBOXFLEET_NATS_URL,
+    stateDir: env.SANDBOXFLEET_STATE_DIR,
+    storeReplicas: env.SANDBOXFLEET_STORE_REPLICAS,
+    httpHost: env.SANDBOXFLEET_HTTP_HOST,
+    httpPort: env.SANDBOXFLEET_HTTP_PORT,
+    logLevel: env.LOG_LEVEL,
+    replicaId: env.SANDBOXFLEET_REPLICA_ID,
+    allowedAgentShas: env.SANDBOXFLEET_ALLOWED_AGENT_SHAS,
+    allowedImageDigests: env.SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS,
+    allowedStorageDrivers: env.SANDBOXFLEET_ALLOWED_STORAGE_DRIVERS,
+    heartbeatIntervalMs: env.SANDBOXFLEET_HEARTBEAT_INTERVAL_MS,
+    heartbeatTtlMs: env.SANDBOXFLEET_HEARTBEAT_TTL_MS,
+    deadGraceMs: env.SANDBOXFLEET_DEAD_GRACE_MS,
+    stallThresholdMs: env.SANDBOXFLEET_STALL_THRESHOLD_MS,
+    reconcileIntervalMs: env.SANDBOXFLEET_RECONCILE_INTERVAL_MS,
+    leaseTermMs: env.SANDBOXFLEET_LEASE_TERM_MS,
+    drainMarginMs: env.SANDBOXFLEET_DRAIN_MARGIN_MS,
+    turnWaitMs: env.SANDBOXFLEET_TURN_WAIT_MS,
+    evacuationDeadlineMs: env.SANDBOXFLEET_EVACUATION_DEADLINE_MS,
+    stopGraceMs: env.SANDBOXFLEET_STOP_GRACE_MS,
+    checkpointMaxAgeMs: env.SANDBOXFLEET_CHECKPOINT_MAX_AGE_MS,
+    checkpointKeep: env.SANDBOXFLEET_CHECKPOINT_KEEP,
+    restoreMaxAttempts: env.SANDBOXFLEET_RESTORE_MAX_ATTEMPTS,
+    migrationParallelism: env.SANDBOXFLEET_MIGRATION_PARALLELISM,
+    agentCommandTimeoutMs: env.SANDBOXFLEET_AGENT_COMMAND_TIMEOUT_MS,
+    leaderRenewMs: env.SANDBOXFLEET_LEADER_RENEW_MS,
+  });
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    throw new Error(`invalid control-plane configuration: ${problems}`);
+  }
+  if (parsed.data.heartbeatTtlMs <= parsed.data.heartbeatIntervalMs) {
+    throw new Error('invalid control-plane configuration: heartbeatTtlMs must exceed heartbeatIntervalMs');
+  }
+  return parsed.data;
+}

@@ -1,0 +1,155 @@
+// Checkpoint index and verification (R-G3, R-G4, R-G5). The agent streams layers into the chunk
+// store and writes the manifest last; the control plane then indexes it (checkpoints bucket) and,
+// before any restore, re-reads every chunk to prove each blob is present and its digests verify —
+// a corrupted blob must never be restored from (R-R2). Also maps a stored manifest to the protobuf
+// form the agent's RestoreCommand carries.
+import { createHash } from 'node:crypto';
+import type { CheckpointManifest as CoreManifest } from '../core/checkpoint-manifest.ts';
+import type { CheckpointMemberSummary, CheckpointSummary } from '../core/index.ts';
+import { CliKind } from '../gen/sandboxfleet/v1/common.ts';
+import type { CheckpointManifest as ProtoManifest } from '../gen/sandboxfleet/v1/agent.ts';
+import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
+import type { CheckpointRecord } from './records.ts';
+
+/** The stored manifest, or undefined when it does not exist (a checkpoint without one does not exist). */
+export async function readManifest(chunks: ChunkStore, groupId: string, checkpointId: string): Promise<CoreManifest | undefined> {
+  try {
+    return await chunks.getManifest(groupId, checkpointId);
+  } catch (err) {
+    if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') return undefined;
+    // A manifest that does not parse is as good as none, and must never be used.
+    if (err instanceof Error && err.name === 'ManifestError') return undefined;
+    throw err;
+  }
+}
+
+/** Build the index record of a manifest the agent wrote. */
+export function recordFromManifest(manifest: CoreManifest, activityVersion: number): CheckpointRecord {
+  const bridge = Number.parseInt(manifest.bridgeVersion, 10);
+  return {
+    checkpointId: manifest.checkpointId,
+    groupId: manifest.groupId,
+    placementGeneration: manifest.placementGeneration,
+    activityVersion,
+    sourceHostId: manifest.source.hostId,
+    sourceEpoch: manifest.source.epoch,
+    createdAtMs: manifest.createdAtMs,
+    baseImageDigest: manifest.baseImageDigest,
+    bridgeVersion: Number.isSafeInteger(bridge) && bridge >= 0 ? bridge : 0,
+    members: manifest.members.map((m) => ({ memberId: m.memberId, layerDigest: m.layer.digest, sizeBytes: m.layer.size })),
+    totalBytes: manifest.members.reduce((n, m) => n + m.layer.size, 0),
+  };
+}
+
+/**
+ * R-G4's "every blob is present and its digest verifies": read every chunk (each is checked against
+ * its own digest by the store) and hash the whole layer against the manifest's layer digest.
+ * Members are judged one by one so a LOST reason can name the corrupt one in the event.
+ */
+export async function verifyCheckpoint(chunks: ChunkStore, record: CheckpointRecord): Promise<{ summary: CheckpointSummary; manifest?: CoreManifest }> {
+  const manifest = await readManifest(chunks, record.groupId, record.checkpointId);
+  const base = {
+    checkpointId: record.checkpointId,
+    groupId: record.groupId,
+    placementGeneration: record.placementGeneration,
+    createdAtMs: record.createdAtMs,
+    activityVersion: record.activityVersion,
+    baseImageDigest: record.baseImageDigest,
+    bridgeVersion: record.bridgeVersion,
+  };
+  if (manifest === undefined) {
+    return { summary: { ...base, members: record.members.map((m) => ({ memberId: m.memberId, blobPresent: false, digestVerified: false })) } };
+  }
+  const members: CheckpointMemberSummary[] = [];
+  for (const m of manifest.members) {
+    const indexed = record.members.find((r) => r.memberId === m.memberId);
+    let blobPresent = true;
+    let digestVerified = indexed !== undefined && indexed.layerDigest === m.layer.digest;
+    const hash = createHash('sha256');
+    let size = 0;
+    try {
+      for await (const chunk of chunks.read(m.layer.chunks)) {
+        hash.update(chunk);
+        size += chunk.length;
+      }
+      if (size !== m.layer.size || `sha256:${hash.digest('hex')}` !== m.layer.digest) digestVerified = false;
+    } catch (err) {
+      if (!(err instanceof ChunkStoreError)) throw err;
+      blobPresent = err.reason !== 'chunk_missing';
+      digestVerified = false;
+    }
+    members.push({ memberId: m.memberId, blobPresent, digestVerified });
+  }
+  return { summary: { ...base, members }, manifest };
+}
+
+const CLI_BY_NAME: Record<string, CliKind> = {
+  claude_code: CliKind.CLAUDE_CODE,
+  codex: CliKind.CODEX,
+  pi: CliKind.PI,
+  opencode: CliKind.OPENCODE,
+  kilo: CliKind.KILO,
+};
+
+export function cliKindToProto(name: string): CliKind {
+  return CLI_BY_NAME[name.replaceAll('-', '_')] ?? CliKind.UNSPECIFIED;
+}
+
+/** The protobuf manifest a RestoreCommand carries, from the stored (verified) manifest. */
+export function manifestToProto(m: CoreManifest, record: CheckpointRecord): ProtoManifest {
+  return {
+    schemaVersion: m.schemaVersion,
+    checkpointId: m.checkpointId,
+    groupId: m.groupId,
+    placementGeneration: m.placementGeneration,
+    sourceHostId: m.source.hostId,
+    sourceHostEpoch: m.source.epoch,
+    createdAtUnixMs: m.createdAtMs,
+    cleanStop: {
+      clean: true,
+      noTurnInFlight: true,
+      graceMs: 0,
+      stoppedAtUnixMs: m.cleanStop.stoppedAtMs,
+      members: m.cleanStop.members.map((s) => ({
+        memberId: s.memberId,
+        exitCode: s.exitCode,
+        exitedByItself: true,
+        signal: 'SIGTERM',
+        withinGrace: true,
+        containerPresent: true,
+        writableLayerPresent: true,
+        stopDurationMs: 0,
+        sigtermAtUnixMs: 0,
+        exitedAtUnixMs: 0,
+        killed: false,
+        turnInFlight: false,
+      })),
+    },
+    members: m.members.map((member) => {
+      let offset = 0;
+      return {
+        memberId: member.memberId,
+        kind: cliKindToProto(member.cliKind),
+        savedLocator: member.savedLocator ?? '',
+        nativeSessionPaths: [...member.nativeSessionPaths],
+        layer: {
+          digest: member.layer.digest,
+          sizeBytes: member.layer.size,
+          chunks: member.layer.chunks.map((c) => {
+            const chunk = { digest: c.digest, sizeBytes: c.size, offset };
+            offset += c.size;
+            return chunk;
+          }),
+          mediaType: 'application/vnd.oci.image.layer.v1.tar',
+          entryCount: 0,
+        },
+        sourceContainerId: '',
+      };
+    }),
+    baseImageDigest: m.baseImageDigest,
+    baseImageRef: '',
+    bridgeVersion: record.bridgeVersion,
+    activityVersion: record.activityVersion,
+    lastCompletedTurnId: '',
+  };
+}

@@ -1,0 +1,61 @@
+// Appends every control-plane transition to the audit log (R-R1, R-I7) with who and why. Event ids
+// are derived from what happened (subject + transition + a version), so a new leader redoing a
+// step (R-R3) re-appends the same id and the stream's duplicate window drops the repeat.
+import { createHash } from 'node:crypto';
+import type { Logger } from '../observability/logger.ts';
+import type { EventLog, FleetEvent } from '../store/event-log.ts';
+
+export interface TransitionEvent {
+  readonly subjectKind: 'host' | 'group' | 'checkpoint' | 'control_plane';
+  readonly subjectId: string;
+  readonly type: string;
+  readonly fromState?: string | undefined;
+  readonly toState?: string | undefined;
+  readonly reason?: string | undefined;
+  readonly detail?: Record<string, unknown> | undefined;
+  /** Distinguishes repeats of the same transition (epoch, generation, activity version...). */
+  readonly version: string | number;
+}
+
+/** Subject ids must be one subject token: dots in host ids are mapped like agent subjects do. */
+function subjectToken(id: string): string {
+  const mapped = id.replace(/[^A-Za-z0-9_:=@+-]/g, '~');
+  return /^[A-Za-z0-9]/.test(mapped) && mapped.length <= 128 ? mapped : `x${createHash('sha256').update(id).digest('hex').slice(0, 40)}`;
+}
+
+export class EventRecorder {
+  constructor(
+    private readonly log: EventLog,
+    private readonly actor: string,
+    private readonly logger: Logger,
+    private readonly now: () => number,
+  ) {}
+
+  /**
+   * Append one event. A failed append is logged and re-thrown: callers append after their CAS
+   * write, and a reconcile loop that fails here retries the step, re-appending the same id.
+   */
+  async record(e: TransitionEvent): Promise<void> {
+    const subjectId = subjectToken(e.subjectId);
+    const digest = createHash('sha256').update(`${e.subjectKind}|${e.subjectId}|${e.type}|${e.toState ?? ''}|${e.reason ?? ''}|${e.version}`).digest('hex').slice(0, 32);
+    const event: FleetEvent = {
+      id: `${e.subjectKind}-${digest}`,
+      timeMs: this.now(),
+      actor: this.actor,
+      subjectKind: e.subjectKind,
+      subjectId,
+      type: e.type,
+      ...(e.fromState !== undefined ? { fromState: e.fromState } : {}),
+      ...(e.toState !== undefined ? { toState: e.toState } : {}),
+      ...(e.reason !== undefined ? { reason: e.reason.slice(0, 128) } : {}),
+      ...(e.detail !== undefined ? { detail: e.detail } : {}),
+    };
+    try {
+      await this.log.append(event);
+    } catch (err) {
+      this.logger.error({ err, event: event.type, subject: event.subjectId }, 'event append failed');
+      throw err;
+    }
+    this.logger.info({ event: e.type, kind: e.subjectKind, subject: e.subjectId, from: e.fromState, to: e.toState, reason: e.reason }, 'transition');
+  }
+}

@@ -1,0 +1,257 @@
+// Group operations shared by the runner backend and the migration controller: start, clean stop
+// (R-G2), checkpoint right after a clean stop (R-G3), LOST with a reason (R-G6, R-R1). Each step is
+// one agent command with a deterministic id (a repeat by a new leader gets the agent's first
+// answer) followed by one compare-and-set write that re-checks the group is still where the step
+// began; the lifecycle changes only through core's transitionGroup.
+import { createHash } from 'node:crypto';
+import {
+  NotFound,
+  Unavailable,
+  decideStopCleanliness,
+  markMemberLost,
+  onContainerStopped,
+  transitionGroup,
+  unwrap,
+  type GroupEvent,
+  type LossReason,
+  type MemberStopEvidence,
+} from '../core/index.ts';
+import type { CleanStopEvidence } from '../gen/sandboxfleet/v1/agent.ts';
+import { CasConflictError } from '../store/errors.ts';
+import type { Versioned } from '../store/kv-repository.ts';
+import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
+import { cliKindToProto, readManifest, recordFromManifest } from './checkpoints.ts';
+import type { CheckpointRecord, GroupRecord } from './records.ts';
+import { Keys, type ControlPlaneContext } from './state.ts';
+
+/** Deterministic checkpoint id for a group's state (one checkpoint per clean-stopped version). */
+export function checkpointIdFor(groupId: string, generation: number, activityVersion: number): string {
+  return `c-${createHash('sha256').update(`${groupId}|${generation}|${activityVersion}`).digest('hex').slice(0, 32)}`;
+}
+
+export class GroupOps {
+  constructor(private readonly ctx: ControlPlaneContext) {}
+
+  async get(groupId: string): Promise<Versioned<GroupRecord>> {
+    const g = await this.ctx.repos.groups.get(Keys.group(groupId));
+    if (g === undefined) throw new NotFound('group_not_found', `group ${groupId} not found`, { details: { groupId } });
+    return g;
+  }
+
+  /** The fencing tokens for a command to `hostId` about a group at `generation` (R-H6). */
+  async target(hostId: string, generation: number): Promise<AgentTarget> {
+    const host = await this.ctx.repos.hosts.get(Keys.host(hostId));
+    const state = host?.value.lifecycle.state;
+    if (host === undefined || state === 'DEAD' || state === 'REMOVED' || state === 'UNATTESTED' || state === 'REGISTERING') {
+      throw new Unavailable('host_unreachable', `host ${hostId} cannot take commands (${state ?? 'unknown'})`, { details: { hostId, state: state ?? 'unknown' } });
+    }
+    return { hostId, epoch: host.value.lifecycle.epoch, generation };
+  }
+
+  /**
+   * Apply one lifecycle event with CAS. `guard` re-checks the current record (e.g. same generation);
+   * `patch` adjusts the rest of the record. Returns the new record or undefined when not applied.
+   */
+  async transition(groupId: string, event: GroupEvent, why: string, guard: (g: GroupRecord) => boolean, patch: (g: GroupRecord) => Partial<GroupRecord> = () => ({})): Promise<GroupRecord | undefined> {
+    const now = this.ctx.now();
+    let before: GroupRecord | undefined;
+    let after: GroupRecord | undefined;
+    await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
+      before = current;
+      after = undefined;
+      if (current === undefined || !guard(current)) return undefined;
+      const next = transitionGroup(current.lifecycle, event, now);
+      if (!next.ok) return undefined;
+      after = { ...current, ...patch(current), lifecycle: next.value, updatedAtMs: now };
+      return after;
+    });
+    if (after !== undefined && before !== undefined) {
+      const lost = after.lifecycle.state === 'LOST' && before.lifecycle.state !== 'LOST';
+      if (lost) {
+        // R-R1: LOST is never silent — metric per member session, and an event with the reason.
+        const reason = after.lifecycle.lostReason ?? 'operator_declared';
+        this.ctx.metrics.lostSessions.inc({ reason }, after.members.length);
+      }
+      await this.ctx.events.record({
+        subjectKind: 'group', subjectId: groupId, type: `group_${event.type}`, fromState: before.lifecycle.state, toState: after.lifecycle.state,
+        reason: after.lifecycle.lostReason ?? why, version: `${after.lifecycle.generation}:${after.lifecycle.activityVersion}:${after.stops}:${after.starts}:${after.lifecycle.state}`,
+        detail: { hostId: after.lifecycle.hostId, generation: after.lifecycle.generation, why: why.slice(0, 200), ...(after.lifecycle.migration ? { targetHostId: after.lifecycle.migration.targetHostId, checkpointId: after.lifecycle.migration.checkpointId } : {}) },
+      });
+    }
+    return after;
+  }
+
+  /** Declare the group LOST with `reason` (R-G6); its members' sessions become LOST too. */
+  async declareLost(groupId: string, reason: LossReason, why: string): Promise<GroupRecord | undefined> {
+    return this.transition(groupId, { type: 'lost', reason }, why, (g) => g.lifecycle.state !== 'LOST' && g.lifecycle.state !== 'DESTROYED', (g) => ({
+      members: g.members.map((m) => ({ ...m, session: markMemberLost(m.session, 'group_lost') })),
+      evacuation: undefined,
+    }));
+  }
+
+  /** Start the group's containers (PENDING first start, or resume on the same host from STOPPED). */
+  async start(groupId: string): Promise<GroupRecord> {
+    const g = (await this.get(groupId)).value;
+    if (g.lifecycle.state === 'RUNNING') return g;
+    if (g.lifecycle.state !== 'PENDING' && g.lifecycle.state !== 'STOPPED') {
+      throw unwrapRefusal(transitionGroup(g.lifecycle, { type: 'started' }, this.ctx.now()));
+    }
+    const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
+    const res = await this.ctx.agents.send(target, `start-${groupId}-g${g.lifecycle.generation}-n${g.starts}`, { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup');
+    const started = await this.transition(groupId, { type: 'started' }, 'containers started',
+      (c) => c.lifecycle.generation === g.lifecycle.generation && c.starts === g.starts && c.lifecycle.hostId === g.lifecycle.hostId,
+      (c) => ({
+        starts: c.starts + 1,
+        members: c.members.map((m) => ({ ...m, containerId: res.containerIds[m.session.memberId] ?? m.containerId })),
+      }));
+    if (started !== undefined) return started;
+    const now = (await this.get(groupId)).value;
+    if (now.lifecycle.state === 'RUNNING') return now;
+    throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(groupId), 0);
+  }
+
+  /** Stop cleanly if possible (R-G2). Returns the record after the stop (STOPPED clean or unclean). */
+  async stop(groupId: string, graceMs: number, why: string): Promise<GroupRecord> {
+    let g = (await this.get(groupId)).value;
+    if (g.lifecycle.state === 'RUNNING') {
+      g = (await this.transition(groupId, { type: 'stop_requested' }, why, (c) => c.lifecycle.state === 'RUNNING', (c) => ({ stops: c.stops + 1 }))) ?? (await this.get(groupId)).value;
+    }
+    if (g.lifecycle.state !== 'STOPPING') return g;
+    const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
+    const res = await this.ctx.agents.send(target, `stop-${groupId}-g${g.lifecycle.generation}-n${g.stops}`, { $case: 'stopGroup', value: { groupId, graceMs } }, 'stopGroup');
+    return this.#applyVerdict(groupId, g, res.evidence, graceMs);
+  }
+
+  /** Judge the stop (R-G2) against the record as it is at write time, and store it in one CAS. */
+  async #applyVerdict(groupId: string, started: GroupRecord, evidence: CleanStopEvidence | undefined, graceMs: number): Promise<GroupRecord> {
+    const now = this.ctx.now();
+    const stoppedAt = evidence?.stoppedAtUnixMs || now;
+    let out: GroupRecord | undefined;
+    let prior: GroupRecord | undefined;
+    await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
+      out = undefined;
+      prior = current;
+      if (current === undefined || current.lifecycle.state !== 'STOPPING' || current.stops !== started.stops || current.lifecycle.generation !== started.lifecycle.generation) return undefined;
+      const members: MemberStopEvidence[] = (evidence?.members ?? []).map((e) => ({
+        memberId: e.memberId,
+        // A turn begun and not completed is in flight whatever the agent saw (R-S8 bookkeeping).
+        turnInFlight: e.turnInFlight || current.members.find((m) => m.session.memberId === e.memberId)?.session.phase === 'IN_TURN',
+        sigtermAtMs: e.sigtermAtUnixMs > 0 ? e.sigtermAtUnixMs : undefined,
+        exitedAtMs: e.exitedAtUnixMs > 0 ? e.exitedAtUnixMs : undefined,
+        exitCode: e.exitCode,
+        killed: e.killed,
+        containerExists: e.containerPresent,
+        writableLayerExists: e.writableLayerPresent,
+      }));
+      const verdict = decideStopCleanliness({ graceMs, memberIds: current.members.map((m) => m.session.memberId), members });
+      const next = transitionGroup(current.lifecycle, { type: 'stopped', verdict }, now);
+      if (!next.ok) return undefined;
+      out = {
+        ...current,
+        lifecycle: next.value,
+        members: current.members.map((m) => ({ ...m, session: onContainerStopped(m.session), turnProcess: undefined })),
+        lastCleanStop: verdict.clean ? { stoppedAtMs: stoppedAt, graceMs, members: members.map((m) => ({ memberId: m.memberId, exitCode: m.exitCode ?? 0 })) } : undefined,
+        updatedAtMs: now,
+      };
+      return out;
+    });
+    if (out === undefined) {
+      const cur = (await this.get(groupId)).value;
+      if (cur.lifecycle.state === 'STOPPING') throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(groupId), 0);
+      return cur;
+    }
+    const result: GroupRecord = out;
+    const verdict = result.lifecycle.stop;
+    await this.ctx.events.record({
+      subjectKind: 'group', subjectId: groupId, type: 'group_stopped', fromState: prior?.lifecycle.state, toState: result.lifecycle.state,
+      reason: verdict?.clean ? 'clean' : 'unclean', version: `${result.lifecycle.generation}:${result.stops}:stopped`,
+      detail: { hostId: result.lifecycle.hostId, findings: verdict && !verdict.clean ? verdict.findings.slice(0, 32).map((f) => `${f.memberId}:${f.reason}`) : [] },
+    });
+    return result;
+  }
+
+  /**
+   * R-G3: checkpoint a clean-stopped group on its host. Idempotent per (generation, activity
+   * version): the id is deterministic and an existing index record is returned as is.
+   */
+  async checkpoint(groupId: string): Promise<CheckpointRecord> {
+    const g = (await this.get(groupId)).value;
+    const lc = g.lifecycle;
+    if (lc.state !== 'STOPPED' || !lc.stop?.clean) {
+      throw unwrapRefusal(transitionGroup(lc, { type: 'migration_started', targetHostId: '', assessment: { usable: false, reason: 'no_checkpoint', reasons: ['no_checkpoint'] } }, this.ctx.now()));
+    }
+    const checkpointId = checkpointIdFor(groupId, lc.generation, lc.activityVersion);
+    const key = Keys.checkpoint(groupId, checkpointId);
+    const existing = await this.ctx.repos.checkpoints.get(key);
+    let record = existing?.value;
+    if (record === undefined) {
+      const t0 = this.ctx.now();
+      const target = await this.target(lc.hostId, lc.generation);
+      const stop = g.lastCleanStop;
+      try {
+        await this.ctx.agents.send(target, `checkpoint-${checkpointId}`, {
+          $case: 'checkpoint',
+          value: {
+            groupId,
+            checkpointId,
+            members: g.members.map((m) => ({ memberId: m.session.memberId, kind: cliKindToProto(m.session.cli), savedLocator: m.session.savedLocator ?? '', nativeSessionPaths: [] })),
+            cleanStop: {
+              clean: true,
+              noTurnInFlight: true,
+              graceMs: stop?.graceMs ?? 0,
+              stoppedAtUnixMs: stop?.stoppedAtMs ?? lc.lastActivityAtMs,
+              members: (stop?.members ?? []).map((s) => ({
+                memberId: s.memberId, exitCode: s.exitCode, exitedByItself: true, signal: 'SIGTERM', withinGrace: true, containerPresent: true,
+                writableLayerPresent: true, stopDurationMs: 0, sigtermAtUnixMs: 0, exitedAtUnixMs: 0, killed: false, turnInFlight: false,
+              })),
+            },
+            activityVersion: lc.activityVersion,
+            lastCompletedTurnId: '',
+          },
+        }, 'checkpoint');
+      } catch (err) {
+        // A repeat after the manifest was written (e.g. the agent restarted) finds it already there.
+        if (!(err instanceof AgentCommandFailed && err.reason === 'manifest_exists')) throw err;
+      }
+      const manifest = await readManifest(this.ctx.chunks, groupId, checkpointId);
+      if (manifest === undefined) throw new Unavailable('host_unreachable', `checkpoint ${checkpointId} has no manifest after the agent reported it`, { details: { groupId, checkpointId } });
+      record = recordFromManifest(manifest, lc.activityVersion);
+      try {
+        await this.ctx.repos.checkpoints.create(key, record);
+      } catch (err) {
+        if (!(err instanceof CasConflictError)) throw err;
+      }
+      this.ctx.metrics.checkpointBytes.inc({ kind: 'layer' }, record.totalBytes);
+      this.ctx.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.ctx.now() - t0) / 1000);
+      await this.ctx.events.record({
+        subjectKind: 'group', subjectId: groupId, type: 'checkpoint_created', reason: 'clean stop', version: checkpointId,
+        detail: { checkpointId, bytes: record.totalBytes, generation: lc.generation, activityVersion: lc.activityVersion, hostId: lc.hostId },
+      });
+    }
+    await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
+      if (current === undefined || current.latestCheckpointId === checkpointId) return undefined;
+      if (current.lifecycle.generation !== lc.generation || current.lifecycle.activityVersion !== lc.activityVersion) return undefined;
+      return { ...current, latestCheckpointId: checkpointId, updatedAtMs: this.ctx.now() };
+    });
+    return record;
+  }
+
+  /** Best effort: remove the group's containers on a host that no longer owns it (R-H6). */
+  async deleteOn(hostId: string, groupId: string, generation: number, reason: string): Promise<void> {
+    try {
+      const target = await this.target(hostId, generation);
+      await this.ctx.agents.send(target, `delete-${groupId}-g${generation}-${hostId}-${reason}`, { $case: 'deleteGroup', value: { groupId, reason } }, 'deleteGroup', 30_000);
+    } catch (err) {
+      this.ctx.logger.warn({ err, hostId, groupId, reason }, 'delete on host failed; the agent removes non-owned groups when it re-registers');
+    }
+  }
+}
+
+function unwrapRefusal(result: ReturnType<typeof transitionGroup>): Error {
+  try {
+    unwrap(result);
+  } catch (err) {
+    return err as Error;
+  }
+  return new Error('unexpected: transition allowed');
+}

@@ -1,0 +1,262 @@
+// Host registry (R-H1..R-H6): answers agent registrations (new epoch every time, attestation by
+// core policy, READY only on a full match), accepts heartbeats fenced by epoch (stale ones are
+// counted and dropped), and turns reclaim notices and "Docker data dir lost" reports into host
+// events. Any replica may serve these (NATS queue group): every write is compare-and-set.
+import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import {
+  AgentSubjects,
+  UNREGISTERED,
+  checkFence,
+  evaluateAttestation,
+  hostIdFromSubject,
+  nextEpoch,
+  transitionHost,
+  unwrap,
+  type AttestationPolicy,
+  type AttestationReason,
+  type HostLifecycle,
+  type RemovalSource,
+} from '../core/index.ts';
+import { isSafeId } from '../core/checkpoint-manifest.ts';
+import { ContainerState, Heartbeat, Registration, RegistrationAck, ReclaimNotice, type AttestationReport as ProtoAttestation } from '../gen/sandboxfleet/v1/agent.ts';
+import { HostState } from '../gen/sandboxfleet/v1/common.ts';
+import { isTerminal, listGroups } from './fleet.ts';
+import { applyHostEvent } from './hosts.ts';
+import type { ContainerSnapshot, HostRecord } from './records.ts';
+import { Keys, type ControlPlaneContext } from './state.ts';
+
+const QUEUE = 'sf-control-plane';
+
+/** Drain sources a re-registration must not forget (the host is still going away). */
+const PLANNED_SOURCES: ReadonlySet<RemovalSource> = new Set(['operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint', 'spot_preemption', 'lease_ending']);
+
+const PROTO_STATE: Record<HostLifecycle['state'], HostState> = {
+  REGISTERING: HostState.REGISTERING,
+  UNATTESTED: HostState.UNATTESTED,
+  READY: HostState.READY,
+  DRAINING: HostState.DRAINING,
+  SUSPECT: HostState.SUSPECT,
+  DEAD: HostState.DEAD,
+  REMOVED: HostState.REMOVED,
+};
+
+export function policyFrom(ctx: ControlPlaneContext, buildSha: string | undefined): AttestationPolicy {
+  const shas = ctx.config.allowedAgentShas.length > 0 ? ctx.config.allowedAgentShas : buildSha ? [buildSha] : [];
+  return {
+    allowedAgentShas: new Set(shas),
+    apiSha: ctx.apiSha,
+    allowedImageDigests: new Set(ctx.config.allowedImageDigests),
+    allowedStorageDrivers: new Set(ctx.config.allowedStorageDrivers),
+  };
+}
+
+function mismatchText(reason: AttestationReason, a: ProtoAttestation, policy: AttestationPolicy): string {
+  switch (reason) {
+    case 'agent_sha_unknown': return `agent_sha: ${a.agentBuildSha || '(empty)'} not in the allowed set`;
+    case 'api_sha_mismatch': return `api_sha: expected ${policy.apiSha}, got ${a.apiSha || '(empty)'}`;
+    case 'image_digest_not_allowed': return `image_digest: ${a.imageDigest || '(empty)'} not allowed`;
+    case 'storage_driver_unsupported': return `storage_driver: ${a.storageDriver || '(empty)'} unsupported`;
+    case 'bridge_version': return `bridge: proven version ${a.bridge?.helperOutput ?? ''} is not 4`;
+    case 'bridge_unproven': return `bridge: helper output '${(a.bridge?.helperOutput ?? '').slice(0, 64)}' and label '${(a.bridge?.labelVersion ?? '').slice(0, 64)}' do not prove a version`;
+  }
+}
+
+export class HostRegistry {
+  readonly #subs: Subscription[] = [];
+  /** Per-host serialisation of heartbeat handling (ordering by sequence is checked anyway). */
+  readonly #chains = new Map<string, Promise<void>>();
+
+  constructor(
+    private readonly ctx: ControlPlaneContext,
+    private readonly policy: AttestationPolicy,
+  ) {}
+
+  /** Subscribe to registrations, heartbeats and notices (queue group: one replica handles each). */
+  start(nc: NatsConnection): void {
+    const reg = nc.subscribe(AgentSubjects.register, { queue: QUEUE });
+    const hb = nc.subscribe(AgentSubjects.allHeartbeats, { queue: QUEUE });
+    const notices = nc.subscribe(AgentSubjects.allNotices, { queue: QUEUE });
+    this.#subs.push(reg, hb, notices);
+    void (async () => {
+      for await (const m of reg) {
+        try {
+          const ack = await this.register(Registration.decode(m.data));
+          m.respond(RegistrationAck.encode(ack).finish());
+        } catch (err) {
+          this.ctx.logger.warn({ err }, 'registration failed');
+        }
+      }
+    })();
+    void (async () => {
+      for await (const m of hb) {
+        const hostId = hostIdFromSubject(m.subject);
+        if (hostId === undefined) continue;
+        const prev = this.#chains.get(hostId) ?? Promise.resolve();
+        const next = prev.then(async () => {
+          try {
+            await this.heartbeat(hostId, Heartbeat.decode(m.data));
+          } catch (err) {
+            this.ctx.logger.warn({ err, hostId }, 'heartbeat handling failed');
+          }
+        });
+        this.#chains.set(hostId, next);
+        void next.finally(() => { if (this.#chains.get(hostId) === next) this.#chains.delete(hostId); });
+      }
+    })();
+    void (async () => {
+      for await (const m of notices) {
+        const hostId = hostIdFromSubject(m.subject);
+        if (hostId === undefined) continue;
+        try {
+          await this.notice(hostId, ReclaimNotice.decode(m.data));
+        } catch (err) {
+          this.ctx.logger.warn({ err, hostId }, 'notice handling failed');
+        }
+      }
+    })();
+  }
+
+  async stop(): Promise<void> {
+    for (const s of this.#subs) s.unsubscribe();
+    this.#subs.length = 0;
+    await Promise.allSettled([...this.#chains.values()]);
+  }
+
+  /** R-H1, R-H2, R-H4, R-H6: a (re)registration always gets a new epoch. */
+  async register(reg: Registration): Promise<RegistrationAck> {
+    const { ctx } = this;
+    const now = ctx.now();
+    const refusedAck = (why: string): RegistrationAck => ({
+      hostId: reg.hostId.slice(0, 253), admitted: false, state: HostState.UNATTESTED, hostEpoch: 0, leaseExpiresAtUnixMs: 0,
+      refusalReasons: [why], mismatches: [why], heartbeatIntervalMs: ctx.config.heartbeatIntervalMs, ownedGroupIds: [],
+    });
+    // Host ids become subject tokens, KV keys and manifest fields: the strictest rule applies.
+    if (!isSafeId(reg.hostId)) return refusedAck('host_id_invalid');
+    const a = reg.attestation;
+    if (a === undefined) return refusedAck('attestation_missing');
+    const verdict = evaluateAttestation({
+      agentSha: a.agentBuildSha,
+      apiSha: a.apiSha,
+      dockerVersion: a.engineVersion,
+      storageDriver: a.storageDriver,
+      imageRef: a.imageRef,
+      imageDigest: a.imageDigest,
+      claimedBridgeVersion: a.bridge?.claimedVersion || undefined,
+      helperVersionOutput: a.bridge?.helperOutput || undefined,
+      imageLabelVersion: a.bridge?.labelVersion || undefined,
+    }, this.policy);
+    const reasons = verdict.verdict === 'refused' ? verdict.reasons : [];
+    const mismatches = reasons.map((r) => mismatchText(r, a, this.policy));
+    const leaseEnd = reg.requestedLeaseEndUnixMs > 0 ? reg.requestedLeaseEndUnixMs : ctx.config.leaseTermMs > 0 ? now + ctx.config.leaseTermMs : undefined;
+
+    let before: HostLifecycle = UNREGISTERED;
+    const written = await ctx.repos.hosts.mutate(Keys.host(reg.hostId), (current) => {
+      before = current?.lifecycle ?? UNREGISTERED;
+      const epoch = nextEpoch(before.epoch);
+      let lc = unwrap(transitionHost(before, { type: 'registered', epoch }));
+      lc = unwrap(transitionHost(lc, verdict.verdict === 'ready' ? { type: 'attestation_passed' } : { type: 'attestation_refused', reasons }));
+      // An agent restart does not cancel a planned departure (R-H4, R-H5).
+      if (lc.state === 'READY' && before.goingAway !== undefined && PLANNED_SOURCES.has(before.goingAway) && (before.state === 'DRAINING' || before.state === 'SUSPECT' || before.state === 'REGISTERING')) {
+        lc = unwrap(transitionHost(lc, { type: 'drain_requested', source: before.goingAway }));
+      }
+      const record: HostRecord = {
+        hostId: reg.hostId,
+        lifecycle: lc,
+        attestation: {
+          agentSha: a.agentBuildSha.slice(0, 128),
+          apiSha: a.apiSha.slice(0, 128),
+          dockerVersion: a.engineVersion.slice(0, 64),
+          storageDriver: a.storageDriver.slice(0, 64),
+          imageRef: a.imageRef.slice(0, 512),
+          imageDigest: a.imageDigest.slice(0, 128),
+          ...(verdict.bridgeVersion !== undefined ? { bridgeVersion: verdict.bridgeVersion } : {}),
+          mismatches: mismatches.map((m) => m.slice(0, 512)),
+        },
+        agentInstanceId: reg.agentInstanceId.slice(0, 128),
+        registeredAtMs: now,
+        ...(leaseEnd !== undefined ? { leaseExpiresAtMs: leaseEnd } : {}),
+        maxMembers: Math.min(reg.capacity?.maxMembers ?? 0, 100_000),
+        updatedAtMs: now,
+      };
+      return record;
+    });
+    const host = written?.value as HostRecord;
+    const epoch = host.lifecycle.epoch;
+    for (const r of reasons) ctx.metrics.attestationRefusals.inc({ reason: r });
+    await ctx.events.record({
+      subjectKind: 'host', subjectId: reg.hostId, type: 'host_registered', fromState: before.state, toState: host.lifecycle.state,
+      reason: reasons.length > 0 ? reasons.join(',') : 'attested', version: epoch,
+      detail: { epoch, agentSha: host.attestation.agentSha, apiSha: host.attestation.apiSha, imageDigest: host.attestation.imageDigest, bridgeVersion: host.attestation.bridgeVersion ?? null, mismatches },
+    });
+
+    // R-H6: the host keeps only groups it still owns; it deletes containers of every other group.
+    const owned = (await listGroups(ctx))
+      .map((e) => e.value)
+      .filter((g) => !isTerminal(g) && g.lifecycle.hostId === reg.hostId && g.evacuation?.kind !== 'unplanned')
+      .map((g) => g.groupId);
+    return {
+      hostId: reg.hostId,
+      admitted: host.lifecycle.state === 'READY' || host.lifecycle.state === 'DRAINING',
+      state: PROTO_STATE[host.lifecycle.state],
+      hostEpoch: epoch,
+      leaseExpiresAtUnixMs: host.leaseExpiresAtMs ?? 0,
+      refusalReasons: [...reasons],
+      mismatches,
+      heartbeatIntervalMs: ctx.config.heartbeatIntervalMs,
+      ownedGroupIds: owned,
+    };
+  }
+
+  /** R-H3, R-H6: accept a heartbeat only from the current epoch of a live host. */
+  async heartbeat(subjectHostId: string, hb: Heartbeat): Promise<'accepted' | 'fenced' | 'stale'> {
+    const { ctx } = this;
+    if (hb.hostId !== subjectHostId) {
+      ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
+      return 'fenced';
+    }
+    const host = await ctx.repos.hosts.get(Keys.host(hb.hostId));
+    const fence = host === undefined ? undefined : checkFence({ epoch: hb.hostEpoch }, { epoch: host.value.lifecycle.epoch });
+    // DEAD/REMOVED epochs are revoked: the agent must re-register (R-H6).
+    if (host === undefined || !fence?.ok || host.value.lifecycle.state === 'DEAD' || host.value.lifecycle.state === 'REMOVED') {
+      ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
+      return 'fenced';
+    }
+    const now = ctx.now();
+    const containers: ContainerSnapshot[] = (hb.inventory?.containers ?? []).slice(0, 2048).map((c) => ({
+      containerId: c.containerId.slice(0, 128),
+      groupId: c.groupId.slice(0, 256),
+      memberId: c.memberId.slice(0, 128),
+      generation: Math.max(0, c.placementGeneration),
+      running: c.state === ContainerState.RUNNING,
+      writableLayerPresent: c.writableLayerPresent,
+      startedAtMs: Math.max(0, c.startedAtUnixMs),
+    }));
+    let stale = false;
+    await ctx.repos.heartbeats.mutate(Keys.host(hb.hostId), (current) => {
+      stale = current !== undefined && current.epoch === hb.hostEpoch && current.sequence >= hb.sequence;
+      if (stale) return undefined;
+      return {
+        hostId: hb.hostId, epoch: hb.hostEpoch, sequence: hb.sequence, receivedAtMs: now,
+        usedMembers: hb.capacity?.usedMembers ?? 0, maxMembers: hb.capacity?.maxMembers ?? 0, containers,
+      };
+    });
+    if (stale) return 'stale';
+    const epoch = hb.hostEpoch;
+    if (host.value.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
+    if (hb.dockerDataLost) await applyHostEvent(ctx, hb.hostId, { type: 'declared_dead', source: 'docker_data_lost' }, 'agent reported its Docker data dir lost', epoch);
+    else if (hb.reclaimNotice !== undefined && hb.reclaimNotice.source !== '') {
+      await applyHostEvent(ctx, hb.hostId, { type: 'drain_requested', source: 'spot_preemption' }, `reclaim notice: ${hb.reclaimNotice.source.slice(0, 64)}`, epoch);
+    }
+    return 'accepted';
+  }
+
+  /** R-H5: a spot/preemption notice starts a planned departure. */
+  async notice(hostId: string, notice: ReclaimNotice): Promise<void> {
+    await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source: 'spot_preemption' }, `reclaim notice: ${notice.source.slice(0, 64) || 'unspecified'}`);
+  }
+
+  /** Operator drain / remove (R-H5). `remove` also ends the epoch once the host holds nothing. */
+  async drain(hostId: string, source: RemovalSource = 'operator_drain'): Promise<boolean> {
+    return (await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source }, source)) !== undefined;
+  }
+}

@@ -1,0 +1,218 @@
+// What the control plane keeps in NATS KV, as zod schemas (R-R4: every record is validated and
+// bounded on write and on read). The domain values (HostLifecycle, GroupLifecycle, MemberSession)
+// come from src/core and change only through core's transition functions; these schemas only say
+// how they are stored. One record per host and one per group, so every decision about a host or a
+// group is a single compare-and-set on a single key (R-R2, R-R3).
+import { z } from 'zod';
+import type { GroupLifecycle, HostLifecycle, MemberSession } from '../core/index.ts';
+
+const id = z.string().min(1).max(256);
+const ms = z.number().int().nonnegative();
+const reasonText = z.string().min(1).max(128);
+
+// ---- hosts -----------------------------------------------------------------------------------
+
+const removalSource = z.enum([
+  'operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint',
+  'spot_preemption', 'lease_ending', 'heartbeat_lost', 'docker_data_lost',
+]);
+
+const attestationReason = z.enum(['agent_sha_unknown', 'api_sha_mismatch', 'image_digest_not_allowed', 'storage_driver_unsupported', 'bridge_version', 'bridge_unproven']);
+
+export const HostLifecycleSchema = z.object({
+  state: z.enum(['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']),
+  epoch: z.number().int().nonnegative(),
+  refusals: z.array(attestationReason).max(16).optional(),
+  goingAway: removalSource.optional(),
+}) satisfies z.ZodType<HostLifecycle>;
+
+/** What the host attested at its last registration (R-H1), as reported, plus the proven bridge. */
+export const HostAttestationSchema = z.object({
+  agentSha: z.string().max(128),
+  apiSha: z.string().max(128),
+  dockerVersion: z.string().max(64),
+  storageDriver: z.string().max(64),
+  imageRef: z.string().max(512),
+  imageDigest: z.string().max(128),
+  /** Set only when both the helper output and the label proved it (R-H2). */
+  bridgeVersion: z.number().int().nonnegative().optional(),
+  mismatches: z.array(z.string().max(512)).max(16),
+});
+
+export const HostRecordSchema = z.object({
+  hostId: id,
+  lifecycle: HostLifecycleSchema,
+  attestation: HostAttestationSchema,
+  agentInstanceId: z.string().max(128),
+  registeredAtMs: ms,
+  /** Term end (R-H4); absent = no term. Renewed by the next registration or an operator. */
+  leaseExpiresAtMs: ms.optional(),
+  maxMembers: z.number().int().nonnegative(),
+  updatedAtMs: ms,
+});
+export type HostRecord = z.infer<typeof HostRecordSchema>;
+
+const containerInfo = z.object({
+  containerId: z.string().max(128),
+  groupId: z.string().max(256),
+  memberId: z.string().max(128),
+  generation: z.number().int().nonnegative(),
+  running: z.boolean(),
+  writableLayerPresent: z.boolean(),
+  startedAtMs: ms,
+});
+export type ContainerSnapshot = z.infer<typeof containerInfo>;
+
+/** The latest accepted heartbeat of a host (R-H3); `receivedAtMs` is the control plane's clock. */
+export const HeartbeatRecordSchema = z.object({
+  hostId: id,
+  epoch: z.number().int().nonnegative(),
+  sequence: z.number().int().nonnegative(),
+  receivedAtMs: ms,
+  usedMembers: z.number().int().nonnegative(),
+  maxMembers: z.number().int().nonnegative(),
+  containers: z.array(containerInfo).max(2048),
+});
+export type HeartbeatRecord = z.infer<typeof HeartbeatRecordSchema>;
+
+// ---- groups ----------------------------------------------------------------------------------
+
+const uncleanReason = z.enum(['turn_in_flight', 'member_evidence_missing', 'sigterm_not_sent', 'not_exited', 'killed', 'exit_after_grace', 'exit_status_missing', 'container_missing', 'writable_layer_missing', 'no_members']);
+const stopVerdict = z.union([
+  z.object({ clean: z.literal(true) }),
+  z.object({ clean: z.literal(false), findings: z.array(z.object({ memberId: z.string().max(128), reason: uncleanReason })).max(256) }),
+]);
+
+export const LossReasonSchema = z.enum([
+  'host_lost_running', 'unclean_stop', 'no_checkpoint', 'checkpoint_mismatch', 'stale_checkpoint', 'checkpoint_corrupt',
+  'base_image_mismatch', 'bridge_version_mismatch', 'restore_failed', 'no_eligible_host', 'container_missing', 'operator_declared',
+]);
+
+export const GroupLifecycleSchema = z.object({
+  state: z.enum(['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']),
+  hostId: id,
+  generation: z.number().int().nonnegative(),
+  activityVersion: z.number().int().nonnegative(),
+  lastActivityAtMs: ms,
+  stop: stopVerdict.optional(),
+  migration: z.object({ targetHostId: id, checkpointId: id }).optional(),
+  lostReason: LossReasonSchema.optional(),
+}) satisfies z.ZodType<GroupLifecycle>;
+
+const cliKind = z.enum(['claude_code', 'codex', 'pi', 'opencode', 'kilo']);
+const processIdentity = z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) });
+const locator = z.string().min(1).max(256);
+const turnOutcome = z.enum(['completed', 'failed_kept', 'failed_before_session', 'unconfirmed', 'locator_mismatch', 'locator_missing']);
+
+export const MemberSessionSchema = z.object({
+  memberId: z.string().min(1).max(64),
+  cli: cliKind,
+  phase: z.enum(['FRESH', 'IN_TURN', 'RETAINED', 'UNCONFIRMED', 'LOST']),
+  savedLocator: locator.optional(),
+  completedTurns: z.number().int().nonnegative(),
+  process: processIdentity.optional(),
+  inFlight: z.object({
+    turnId: z.string().max(128),
+    contextState: z.enum(['NEW', 'LIVE', 'RESTORED']),
+    locator: locator.optional(),
+    process: processIdentity.optional(),
+    startedAtMs: ms,
+  }).optional(),
+  lastTurn: z.object({ turnId: z.string().max(128), outcome: turnOutcome }).optional(),
+  unconfirmedCause: z.enum(['command_rejected', 'transport_disconnect', 'timeout', 'cancelled', 'no_end_event', 'stopped_mid_turn', 'cleanup_unfinished', 'transport_unusable', 'locator_unobserved']).optional(),
+  lostReason: z.enum(['turn_unconfirmed', 'container_missing', 'writable_layer_missing', 'session_files_missing', 'locator_missing', 'group_lost']).optional(),
+}) as unknown as z.ZodType<MemberSession>;
+// (cast: the schema's inferred `string` for the branded Locator is the stored form of it.)
+
+export const MemberRecordSchema = z.object({
+  session: MemberSessionSchema,
+  /** The member's container on the current placement (from create/start/restore results). */
+  containerId: z.string().max(128).optional(),
+  /** What the member's last begun turn reported (R-S1), for GetGroupState. */
+  lastContextState: z.enum(['NEW', 'LIVE', 'RESTORED', 'LOST']).optional(),
+  /** The container incarnation the in-flight turn runs in (its "process", see member-session.ts). */
+  turnProcess: z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) }).optional(),
+});
+export type MemberRecord = z.infer<typeof MemberRecordSchema>;
+
+/**
+ * Controller work on a group whose host is going away (R-H4, R-H5, R-G3..R-G6). Written BEFORE the
+ * controller acts (the migration intent), so a new leader resumes or rolls back from here (R-R3).
+ */
+export const EvacuationSchema = z.object({
+  /** planned: the source host still runs (drain, remove, lease end, reclaim); unplanned: it is lost. */
+  kind: z.enum(['planned', 'unplanned']),
+  source: removalSource,
+  sourceHostId: id,
+  startedAtMs: ms,
+  /** Bound on waiting for an in-flight turn (planned) and for an eligible target host. */
+  deadlineMs: ms,
+  /** Restore attempts so far and the hosts they went to (R-G5: retry on another host). */
+  attempts: z.number().int().nonnegative(),
+  triedHostIds: z.array(id).max(32),
+});
+export type Evacuation = z.infer<typeof EvacuationSchema>;
+
+export const GroupRecordSchema = z.object({
+  groupId: z.string().min(1).max(64),
+  conversationId: z.string().min(1).max(128),
+  lifecycle: GroupLifecycleSchema,
+  members: z.array(MemberRecordSchema).min(1).max(16),
+  latestCheckpointId: id.optional(),
+  evacuation: EvacuationSchema.optional(),
+  /** Counters that make agent command ids deterministic per step (a repeat gets the first answer). */
+  starts: z.number().int().nonnegative(),
+  stops: z.number().int().nonnegative(),
+  /** Evidence of the last clean stop, copied into the checkpoint command (R-G2, R-G3). */
+  lastCleanStop: z.object({
+    stoppedAtMs: ms,
+    graceMs: z.number().int().nonnegative(),
+    members: z.array(z.object({ memberId: z.string().max(64), exitCode: z.number().int() })).max(16),
+  }).optional(),
+  /** When the last native turn completed (manifest evidence). */
+  lastTurnCompletedAtMs: ms.optional(),
+  createdAtMs: ms,
+  updatedAtMs: ms,
+});
+export type GroupRecord = z.infer<typeof GroupRecordSchema>;
+
+// ---- checkpoints -----------------------------------------------------------------------------
+
+/** The control plane's index entry of a checkpoint whose manifest the agent wrote (R-G3, R-G7). */
+export const CheckpointRecordSchema = z.object({
+  checkpointId: id,
+  groupId: id,
+  placementGeneration: z.number().int().nonnegative(),
+  /** The group's activityVersion when it was taken (R-G4 "nothing happened since"). */
+  activityVersion: z.number().int().nonnegative(),
+  sourceHostId: id,
+  sourceEpoch: z.number().int().nonnegative(),
+  createdAtMs: ms,
+  baseImageDigest: z.string().max(128),
+  bridgeVersion: z.number().int().nonnegative(),
+  members: z.array(z.object({ memberId: z.string().max(64), layerDigest: z.string().max(128), sizeBytes: z.number().int().nonnegative() })).max(16),
+  totalBytes: z.number().int().nonnegative(),
+});
+export type CheckpointRecord = z.infer<typeof CheckpointRecordSchema>;
+
+// ---- runner-facing indexes -------------------------------------------------------------------
+
+/** conversationId → groupId: one live group per conversation. */
+export const ConversationRecordSchema = z.object({ conversationId: z.string().max(128), groupId: id, createdAtMs: ms });
+export type ConversationRecord = z.infer<typeof ConversationRecordSchema>;
+
+/** The first answer to an idempotency key (R-I1): a repeat returns it; another request is refused. */
+export const IdempotencyRecordSchema = z.object({
+  operation: z.string().max(32),
+  requestHash: z.string().max(128),
+  createdAtMs: ms,
+  outcome: z.union([
+    z.object({ ok: z.literal(true), value: z.unknown() }),
+    z.object({ ok: z.literal(false), errorClass: z.string().max(64), reason: reasonText, message: z.string().max(1024), details: z.record(z.string().max(64), z.union([z.string().max(512), z.number(), z.boolean()])).optional() }),
+  ]),
+});
+export type IdempotencyRecord = z.infer<typeof IdempotencyRecordSchema>;
+
+/** The leader lease (leadership bucket, server-side TTL). */
+export const LeadershipRecordSchema = z.object({ holder: z.string().min(1).max(128), term: z.number().int().positive(), renewedAtMs: ms });
+export type LeadershipRecord = z.infer<typeof LeadershipRecordSchema>;

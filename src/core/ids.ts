@@ -1,0 +1,90 @@
+// Validated, bounded identifiers (R-R4). Every id that crosses a boundary (gRPC, NATS, manifest)
+// goes through one of these parsers, so stores, subjects and paths only ever see short strings from
+// a safe charset. Ids are branded so an unvalidated string cannot be passed where an id is expected.
+import { InvalidArgument } from './errors.ts';
+import { err, ok, type Result } from './result.ts';
+
+declare const brand: unique symbol;
+/** A string proven to satisfy the rule of its kind. */
+export type Branded<T extends string> = string & { readonly [brand]: T };
+
+export type HostId = Branded<'HostId'>;
+export type GroupId = Branded<'GroupId'>;
+export type MemberId = Branded<'MemberId'>;
+export type ConversationId = Branded<'ConversationId'>;
+export type CheckpointId = Branded<'CheckpointId'>;
+export type TurnId = Branded<'TurnId'>;
+/** A native CLI session id (Claude session_id, Codex thread id, OpenCode session id, ...). */
+export type Locator = Branded<'Locator'>;
+/** `sha256:` + 64 lowercase hex. */
+export type Digest = Branded<'Digest'>;
+/** A git commit SHA: 40 (SHA-1) or 64 (SHA-256) lowercase hex. */
+export type GitSha = Branded<'GitSha'>;
+
+interface IdRule {
+  readonly maxLength: number;
+  readonly pattern: RegExp;
+  readonly describe: string;
+}
+
+// Names start with an alphanumeric so they are never `.`/`..` and never look like a flag.
+const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+
+/** The rules per id kind; exported so adapters (NATS subjects, proto docs) can cite the limits. */
+export const ID_RULES = {
+  // Kubernetes node names are DNS subdomains (<= 253); a host is often named after its node.
+  hostId: { maxLength: 253, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
+  groupId: { maxLength: 128, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
+  memberId: { maxLength: 64, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
+  conversationId: { maxLength: 128, pattern: /^[A-Za-z0-9][A-Za-z0-9._:-]*$/, describe: 'letters, digits, ".", "_", ":", "-"' },
+  checkpointId: { maxLength: 128, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
+  turnId: { maxLength: 128, pattern: /^[A-Za-z0-9][A-Za-z0-9._:-]*$/, describe: 'letters, digits, ".", "_", ":", "-"' },
+  // Native session ids are UUIDs or prefixed tokens (e.g. `ses_...`); no "/" so a locator can never
+  // become a path segment that escapes its directory.
+  locator: { maxLength: 256, pattern: /^[A-Za-z0-9][A-Za-z0-9._:@+-]*$/, describe: 'letters, digits, ".", "_", ":", "@", "+", "-"' },
+  digest: { maxLength: 71, pattern: /^sha256:[0-9a-f]{64}$/, describe: 'sha256:<64 lowercase hex>' },
+  gitSha: { maxLength: 64, pattern: /^(?:[0-9a-f]{40}|[0-9a-f]{64})$/, describe: '40 or 64 lowercase hex' },
+} as const satisfies Record<string, IdRule>;
+
+export type IdKind = keyof typeof ID_RULES;
+
+function parseWith<T>(kind: IdKind, field: string, raw: unknown): Result<T, InvalidArgument> {
+  const rule: IdRule = ID_RULES[kind];
+  if (typeof raw !== 'string') {
+    return err(new InvalidArgument('not_a_string', `${field} must be a string`, { details: { field, kind } }));
+  }
+  if (raw.length === 0) {
+    return err(new InvalidArgument('empty_value', `${field} must not be empty`, { details: { field, kind } }));
+  }
+  if (raw.length > rule.maxLength) {
+    return err(new InvalidArgument('value_too_long', `${field} exceeds ${rule.maxLength} characters`, {
+      details: { field, kind, maxLength: rule.maxLength, length: raw.length },
+    }));
+  }
+  if (!rule.pattern.test(raw)) {
+    // The raw value is not echoed: it may be hostile or huge-ish; the rule is enough to fix it.
+    return err(new InvalidArgument('invalid_characters', `${field} must match: ${rule.describe}`, { details: { field, kind } }));
+  }
+  return ok(raw as T);
+}
+
+/** Parse a host id (R-R4). `field` names the input in the error. */
+export const parseHostId = (raw: unknown, field = 'hostId') => parseWith<HostId>('hostId', field, raw);
+export const parseGroupId = (raw: unknown, field = 'groupId') => parseWith<GroupId>('groupId', field, raw);
+export const parseMemberId = (raw: unknown, field = 'memberId') => parseWith<MemberId>('memberId', field, raw);
+export const parseConversationId = (raw: unknown, field = 'conversationId') =>
+  parseWith<ConversationId>('conversationId', field, raw);
+export const parseCheckpointId = (raw: unknown, field = 'checkpointId') => parseWith<CheckpointId>('checkpointId', field, raw);
+export const parseTurnId = (raw: unknown, field = 'turnId') => parseWith<TurnId>('turnId', field, raw);
+export const parseLocator = (raw: unknown, field = 'locator') => parseWith<Locator>('locator', field, raw);
+export const parseDigest = (raw: unknown, field = 'digest') => parseWith<Digest>('digest', field, raw);
+export const parseGitSha = (raw: unknown, field = 'sha') => parseWith<GitSha>('gitSha', field, raw);
+
+/**
+ * Parse an optional locator: absent (undefined or "") means "not given" (R-S3 then uses the saved
+ * one); anything else must be a valid locator.
+ */
+export function parseOptionalLocator(raw: unknown, field = 'locator'): Result<Locator | undefined, InvalidArgument> {
+  if (raw === undefined || raw === null || raw === '') return ok(undefined);
+  return parseLocator(raw, field);
+}

@@ -1,0 +1,59 @@
+// Docker multiplexes stdout and stderr of a non-TTY container (logs, exec) into one byte stream of
+// frames: 8-byte header [stream, 0, 0, 0, size uint32 BE] then payload. This splits such a stream,
+// keeping at most `limit` bytes per side so a chatty process cannot exhaust host-agent memory.
+
+export interface DemuxedOutput {
+  readonly stdout: string;
+  readonly stderr: string;
+  /** True when output beyond the limit was dropped. */
+  readonly truncated: boolean;
+}
+
+const HEADER = 8;
+
+/** Incremental demultiplexer: feed chunks as they arrive, then `result()`. */
+export class Demuxer {
+  private pending: Buffer = Buffer.alloc(0);
+  private readonly out: Buffer[] = [];
+  private readonly err: Buffer[] = [];
+  private outBytes = 0;
+  private errBytes = 0;
+  private truncated = false;
+
+  constructor(private readonly limit: number) {}
+
+  push(chunk: Buffer): void {
+    this.pending = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
+    while (this.pending.length >= HEADER) {
+      const kind = this.pending[0];
+      const size = this.pending.readUInt32BE(4);
+      if (this.pending.length < HEADER + size) break;
+      const payload = this.pending.subarray(HEADER, HEADER + size);
+      this.pending = this.pending.subarray(HEADER + size);
+      if (kind === 2) this.errBytes = this.keep(this.err, this.errBytes, payload);
+      else this.outBytes = this.keep(this.out, this.outBytes, payload);
+    }
+  }
+
+  private keep(into: Buffer[], have: number, payload: Buffer): number {
+    const room = this.limit - have;
+    if (payload.length > room) this.truncated = true;
+    if (room > 0) into.push(Buffer.from(payload.subarray(0, room)));
+    return have + Math.min(room, payload.length);
+  }
+
+  result(): DemuxedOutput {
+    return {
+      stdout: Buffer.concat(this.out).toString('utf8'),
+      stderr: Buffer.concat(this.err).toString('utf8'),
+      truncated: this.truncated,
+    };
+  }
+}
+
+/** Demultiplex a complete buffer (e.g. the body of a non-follow logs request). */
+export function demux(buffer: Buffer, limit: number): DemuxedOutput {
+  const d = new Demuxer(limit);
+  d.push(buffer);
+  return d.result();
+}

@@ -1,0 +1,251 @@
+// The host agent (one per host, R-H1..R-H7): attests its engine and image, registers for an epoch,
+// cleans up groups it no longer owns (R-H6), executes fenced commands from the control plane, and
+// heartbeats its inventory. Lifecycle, each state saying what holds in it:
+//   NEW         constructed; nothing touched.
+//   REGISTERING attested; waiting for a RegistrationAck (retrying with backoff). No commands yet.
+//   RUNNING     has an epoch; commands are accepted (fenced) and heartbeats flow.
+//   STOPPING    no new commands; in-flight ones finish (bounded); heartbeats stopped.
+//   STOPPED     subscription drained; the NATS connection belongs to the caller.
+import { randomUUID } from 'node:crypto';
+import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import { AgentSubjects } from '../core/agent-subjects.ts';
+import type { DockerRuntime } from '../docker/runtime.ts';
+import type { Registration, RegistrationAck, ReclaimNotice } from '../gen/sandboxfleet/v1/agent.ts';
+import type { Logger } from '../observability/logger.ts';
+import type { FleetMetrics } from '../observability/metrics.ts';
+import { ChunkStore } from '../store/chunk-store.ts';
+import { attest, type Attested } from './attestation.ts';
+import { CheckpointOps } from './checkpoint-ops.ts';
+import { CommandHandler } from './command-handler.ts';
+import type { HostAgentConfig } from './config.ts';
+import { FenceState } from './fencing.ts';
+import { GroupOps } from './group-ops.ts';
+import { Heartbeater } from './heartbeat.ts';
+import { HostHealth } from './host-health.ts';
+import { AgentMetrics } from './metrics.ts';
+import { register } from './registration.ts';
+
+export type AgentState = 'NEW' | 'REGISTERING' | 'RUNNING' | 'STOPPING' | 'STOPPED';
+
+export interface HostAgentDeps {
+  readonly config: HostAgentConfig;
+  /** The caller owns the connection (cmd/ drains it after stop()). */
+  readonly nc: NatsConnection;
+  readonly runtime: DockerRuntime;
+  readonly logger: Logger;
+  readonly metrics: FleetMetrics;
+  readonly nowMs?: () => number;
+}
+
+export class HostAgentError extends Error {
+  override readonly name = 'HostAgentError';
+  constructor(
+    readonly reason: 'image_not_found' | 'image_id_mismatch' | 'invalid_state',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export class HostAgent {
+  readonly instanceId = randomUUID();
+  private stateValue: AgentState = 'NEW';
+  private readonly fence = new FenceState();
+  private readonly agentMetrics: AgentMetrics;
+  private readonly nowMs: () => number;
+  private readonly log: Logger;
+  private attested: Attested | undefined;
+  private ack: RegistrationAck | undefined;
+  private sub: Subscription | undefined;
+  private heartbeater: Heartbeater | undefined;
+  private handler: CommandHandler | undefined;
+  private health: HostHealth | undefined;
+  private readonly inflight = new Set<Promise<void>>();
+  private readonly abort = new AbortController();
+
+  constructor(private readonly deps: HostAgentDeps) {
+    this.nowMs = deps.nowMs ?? Date.now;
+    this.agentMetrics = new AgentMetrics(deps.metrics);
+    this.log = deps.logger.child({ hostId: deps.config.hostId });
+  }
+
+  get state(): AgentState {
+    return this.stateValue;
+  }
+
+  get epoch(): number | undefined {
+    return this.fence.epoch;
+  }
+
+  get lastAck(): RegistrationAck | undefined {
+    return this.ack;
+  }
+
+  get attestation(): Attested | undefined {
+    return this.attested;
+  }
+
+  /** Attest, register (retrying until answered), clean up, then take commands and heartbeat. */
+  async start(): Promise<RegistrationAck> {
+    if (this.stateValue !== 'NEW') throw new HostAgentError('invalid_state', `start() in state ${this.stateValue}`);
+    const { config, runtime, nc } = this.deps;
+    this.stateValue = 'REGISTERING';
+    // Throwaway containers of a crashed predecessor (attestation probes) are ours to sweep.
+    await runtime.removeOneshots();
+    this.attested = await attest(runtime, config.imageRef, config.agentSha, this.nowMs);
+    const imageId = this.attested.probe.imageId;
+    if (imageId === '') throw new HostAgentError('image_not_found', `sandbox image ${config.imageRef} is not on this engine`);
+    if (config.imageId !== undefined && config.imageId !== imageId) {
+      throw new HostAgentError('image_id_mismatch', `${config.imageRef} resolves to ${imageId}, configured pin is ${config.imageId}`);
+    }
+    const engine = await runtime.engineInfo();
+    const store = await ChunkStore.open(nc, { replicas: config.storeReplicas });
+    // Re-learn placement generations from container labels so fencing survives an agent restart.
+    for (const c of await runtime.listMembers()) if (c.member) this.fence.observe(c.member.groupId, c.member.placementGeneration);
+
+    this.health = new HostHealth(runtime, engine.dockerRootDir, config.maxMembers, config.engineFailuresForDataLoss, this.nowMs);
+    const groups = new GroupOps({ runtime, config, imageId: () => imageId, nowMs: this.nowMs });
+    const checkpoints = new CheckpointOps({
+      runtime,
+      store,
+      groups,
+      metrics: this.deps.metrics,
+      hostId: config.hostId,
+      epoch: () => this.fence.epoch ?? 0,
+      imageId: () => imageId,
+      imageRef: config.imageRef,
+      bridgeVersion: () => this.attested?.provenBridgeVersion,
+      nowMs: this.nowMs,
+    });
+    this.handler = new CommandHandler({
+      nc,
+      hostId: config.hostId,
+      agentSha: config.agentSha,
+      fence: this.fence,
+      groups,
+      checkpoints,
+      health: this.health,
+      metrics: this.agentMetrics,
+      logger: this.log,
+      nowMs: this.nowMs,
+      admitted: () => this.ack?.admitted === true,
+    });
+    this.heartbeater = new Heartbeater({
+      nc,
+      hostId: config.hostId,
+      epoch: () => this.fence.epoch,
+      health: this.health,
+      intervalMs: config.heartbeatIntervalMs,
+      reclaimNoticeFile: config.reclaimNoticeFile,
+      logger: this.log,
+      metrics: this.agentMetrics,
+      nowMs: this.nowMs,
+    });
+
+    const ack = await this.registerOnce(groups);
+    this.subscribe();
+    this.stateValue = 'RUNNING';
+    this.heartbeater.start();
+    this.log.info({ epoch: ack.hostEpoch, admitted: ack.admitted, imageId, bridge: this.attested.provenBridgeVersion }, 'host agent running');
+    return ack;
+  }
+
+  /**
+   * Register again (a new epoch; e.g. after the control plane removed this host). Commands of the
+   * old epoch are refused from the moment the ack is applied.
+   */
+  async reregister(): Promise<RegistrationAck> {
+    if (this.stateValue !== 'RUNNING') throw new HostAgentError('invalid_state', `reregister() in state ${this.stateValue}`);
+    const { config, runtime } = this.deps;
+    const groups = new GroupOps({ runtime, config, imageId: () => this.attested!.probe.imageId, nowMs: this.nowMs });
+    const ack = await this.registerOnce(groups);
+    await this.heartbeater?.tick();
+    return ack;
+  }
+
+  /** A spot/preemption notice (R-H5), e.g. from SIGUSR2 or a metadata watcher. */
+  reportReclaimNotice(notice: ReclaimNotice): void {
+    this.heartbeater?.reportReclaim(notice);
+  }
+
+  /** Graceful stop: no new commands, in-flight ones finish (bounded), heartbeats end. */
+  async stop(): Promise<void> {
+    if (this.stateValue === 'STOPPED' || this.stateValue === 'STOPPING') return;
+    this.stateValue = 'STOPPING';
+    this.abort.abort();
+    const sub = this.sub;
+    this.sub = undefined;
+    // drain(): no new messages are delivered; the ones already received are still handled.
+    await sub?.drain().catch(() => undefined);
+    await this.heartbeater?.stop();
+    const pending = Promise.allSettled([...this.inflight]);
+    const bounded = new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), this.deps.config.shutdownTimeoutMs).unref());
+    if ((await Promise.race([pending, bounded])) === 'timeout') this.log.warn({ inflight: this.inflight.size }, 'shutdown timeout: in-flight commands abandoned');
+    this.stateValue = 'STOPPED';
+    this.log.info('host agent stopped');
+  }
+
+  private registration(): Registration {
+    const { config } = this.deps;
+    return {
+      hostId: config.hostId,
+      agentInstanceId: this.instanceId,
+      attestation: { ...this.attested!.report },
+      capacity: { maxMembers: config.maxMembers, usedMembers: 0, diskFreeBytes: 0, memoryAvailableBytes: 0 },
+      requestedLeaseEndUnixMs: 0,
+      sentAtUnixMs: this.nowMs(),
+    };
+  }
+
+  private async registerOnce(groups: GroupOps): Promise<RegistrationAck> {
+    const { config } = this.deps;
+    const ack = await register(this.deps.nc, () => this.registration(), {
+      timeoutMs: config.registerTimeoutMs,
+      maxBackoffMs: config.registerMaxBackoffMs,
+      logger: this.log,
+      signal: this.abort.signal,
+      onAttempt: (r) => this.agentMetrics.registrations.inc({ result: r }),
+    });
+    this.fence.setEpoch(ack.hostEpoch);
+    this.ack = ack;
+    if (!ack.admitted) {
+      this.log.error({ reasons: ack.refusalReasons, mismatches: ack.mismatches }, 'attestation refused: this host takes no work (R-H2)');
+      return ack;
+    }
+    await this.removeUnowned(groups, ack.ownedGroupIds);
+    return ack;
+  }
+
+  /** R-H6: containers of groups the control plane says this host no longer owns are deleted. */
+  private async removeUnowned(groups: GroupOps, owned: readonly string[]): Promise<void> {
+    const keep = new Set(owned);
+    const present = new Set((await this.deps.runtime.listMembers()).flatMap((c) => (c.member ? [c.member.groupId] : [])));
+    for (const groupId of present) {
+      if (keep.has(groupId)) continue;
+      const removed = await groups.delete(groupId);
+      this.log.warn({ groupId, removed: removed.length }, 'deleted containers of a group this host no longer owns (R-H6)');
+    }
+  }
+
+  private subscribe(): void {
+    const { nc, config } = this.deps;
+    const handler = this.handler!;
+    this.sub = nc.subscribe(AgentSubjects.commands(config.hostId), {
+      callback: (err, msg) => {
+        if (err) {
+          this.log.warn({ err }, 'command subscription error');
+          return;
+        }
+        const task = handler.handleBytes(msg.data).then(
+          (bytes) => {
+            if (msg.reply) msg.respond(bytes);
+            else this.log.warn('command without reply subject: result not sent');
+          },
+          (e: unknown) => this.log.error({ err: e }, 'command handler crashed'),
+        );
+        const tracked = task.finally(() => this.inflight.delete(tracked));
+        this.inflight.add(tracked);
+      },
+    });
+  }
+}

@@ -1,0 +1,252 @@
+// Checkpoint and restore of a group's writable layers (R-G3, R-G4, R-G5).
+// Checkpoint: only after a clean stop (evidence re-judged by core, never the flag alone), only while
+// every member container is stopped and not restarted since; each member's upper dir is captured
+// layer-only into the chunk store (streamed, hashed while streaming), and the manifest is written
+// LAST — a checkpoint exists only once its manifest does. A retried command finds the manifest and
+// answers it again instead of capturing twice.
+// Restore: validate the manifest, check it fits this host (same base image id, same proven bridge
+// version), check it is the stored one, recreate each member from the same image id with its layer
+// applied into the new container's upper dir BEFORE any start, then prove the native session files
+// (cold-start check). Anything less removes what was created and reports why.
+import { decideStopCleanliness } from '../core/clean-stop.ts';
+import {
+  ManifestError,
+  checkManifestCompatible,
+  serializeCheckpointManifest,
+  type CheckpointManifest as CoreManifest,
+  type CheckpointMember,
+} from '../core/checkpoint-manifest.ts';
+import { LayerRuleError } from '../core/layer-rules.ts';
+import type { ContainerInfo, DockerRuntime } from '../docker/runtime.ts';
+import type { CheckpointCommand, CheckpointManifest, RestoreCommand, RestoredMember } from '../gen/sandboxfleet/v1/agent.ts';
+import type { FleetMetrics } from '../observability/metrics.ts';
+import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
+import { CommandError, failed, refused } from './command-error.ts';
+import type { GroupOps } from './group-ops.ts';
+import { LayerTransferError } from './layer/errors.ts';
+import { fetchLayer, storeLayer } from './layer/layer-transfer.ts';
+import { CHECKPOINT_MANIFEST_SCHEMA_VERSION, coreCleanStop, fromWireManifest, toWireManifest } from './manifest-wire.ts';
+import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
+import { cliKindName, isoToMs } from './wire.ts';
+
+export interface CheckpointOpsDeps {
+  readonly runtime: DockerRuntime;
+  readonly store: ChunkStore;
+  readonly groups: GroupOps;
+  readonly metrics: FleetMetrics;
+  readonly hostId: string;
+  readonly epoch: () => number;
+  readonly imageId: () => string;
+  readonly imageRef: string;
+  /** The live-bridge version this host proved at attestation; undefined when unproven. */
+  readonly bridgeVersion: () => number | undefined;
+  readonly nowMs: () => number;
+}
+
+export interface RestoreOutcome {
+  readonly members: RestoredMember[];
+  readonly problems: readonly (SessionFileProblem & { memberId: string })[];
+  /** Every member's session files are proven; false means the created containers were removed. */
+  readonly verified: boolean;
+}
+
+/** Layer/transfer/store failures that mean "the checkpoint's data is bad" rather than "this host failed". */
+function isCorruption(err: unknown): boolean {
+  if (err instanceof LayerRuleError) return true;
+  if (err instanceof LayerTransferError) return err.reason === 'layer_digest_mismatch' || err.reason === 'layer_size_mismatch';
+  if (err instanceof ChunkStoreError) return err.reason === 'chunk_missing' || err.reason === 'chunk_digest_mismatch';
+  return false;
+}
+
+function sameManifest(a: CoreManifest, b: CoreManifest): boolean {
+  return Buffer.from(serializeCheckpointManifest(a)).equals(Buffer.from(serializeCheckpointManifest(b)));
+}
+
+export class CheckpointOps {
+  constructor(private readonly deps: CheckpointOpsDeps) {}
+
+  async checkpoint(cmd: CheckpointCommand, generation: number): Promise<CheckpointManifest> {
+    const { runtime, store } = this.deps;
+    const cs = cmd.cleanStop;
+    if (cs === undefined) throw refused('unclean_stop', 'checkpoint command carries no clean-stop evidence');
+    const containers = await this.deps.groups.membersAt(cmd.groupId, generation);
+    if (containers.size === 0) throw refused('group_not_found', `no containers of group ${cmd.groupId} at generation ${generation}`);
+    const specIds = cmd.members.map((m) => m.memberId);
+    if (specIds.length !== containers.size || !specIds.every((id) => containers.has(id))) {
+      throw refused('member_mismatch', `command names members [${specIds.join(', ')}], host has [${[...containers.keys()].join(', ')}]`);
+    }
+    // R-G2 re-judged from the evidence: a clean flag alone is not enough.
+    const verdict = decideStopCleanliness({
+      graceMs: cs.graceMs,
+      memberIds: specIds,
+      members: cs.members.map((e) => ({
+        memberId: e.memberId,
+        turnInFlight: e.turnInFlight || !cs.noTurnInFlight,
+        sigtermAtMs: e.sigtermAtUnixMs || undefined,
+        exitedAtMs: e.exitedAtUnixMs || undefined,
+        exitCode: e.exitCode,
+        killed: e.killed || !e.exitedByItself,
+        containerExists: e.containerPresent,
+        writableLayerExists: e.writableLayerPresent,
+      })),
+    });
+    if (!verdict.clean) {
+      throw refused('unclean_stop', `stop was not clean: ${verdict.findings.map((f) => `${f.memberId}:${f.reason}`).join(', ')}`);
+    }
+    const bridge = this.deps.bridgeVersion();
+    if (bridge === undefined) throw refused('bridge_unproven', 'this host has no proven live-bridge version');
+    for (const [memberId, c] of containers) this.assertFrozen(memberId, c, cs.stoppedAtUnixMs);
+
+    const sourceContainerIds = new Map([...containers].map(([id, c]) => [id, c.id]));
+    const extras = (entryCounts: ReadonlyMap<string, number>) => ({
+      baseImageRef: this.deps.imageRef,
+      activityVersion: cmd.activityVersion,
+      lastCompletedTurnId: cmd.lastCompletedTurnId,
+      cleanStop: cs,
+      sourceContainerIds,
+      entryCounts,
+    });
+    // Idempotent retry: the manifest is written last, so its presence means the checkpoint is complete.
+    const existing = await store.getManifest(cmd.groupId, cmd.checkpointId).catch((err: unknown) => {
+      if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') return undefined;
+      throw err;
+    });
+    if (existing !== undefined) {
+      if (existing.placementGeneration !== generation || existing.source.hostId !== this.deps.hostId) {
+        throw refused('checkpoint_exists', `checkpoint ${cmd.checkpointId} already exists for another placement`);
+      }
+      return toWireManifest(existing, extras(new Map()));
+    }
+
+    const started = this.deps.nowMs();
+    const members: CheckpointMember[] = [];
+    const entryCounts = new Map<string, number>();
+    for (const spec of cmd.members) {
+      const c = containers.get(spec.memberId)!;
+      const kind = cliKindName(spec.kind);
+      if (kind === undefined) throw refused('invalid_argument', `member ${spec.memberId}: unknown CLI kind ${spec.kind}`);
+      if (c.member?.cliKind !== kind) throw refused('member_mismatch', `member ${spec.memberId} runs ${c.member?.cliKind}, command says ${kind}`);
+      const upper = await runtime.upperDir(c.id);
+      const t0 = this.deps.nowMs();
+      const stored = await storeLayer(upper, store).catch((err: unknown) => {
+        throw failed(err instanceof LayerRuleError ? 'layer_refused' : 'capture_failed', `capture of member ${spec.memberId}: ${(err as Error).message}`, err);
+      });
+      this.deps.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.deps.nowMs() - t0) / 1000);
+      this.deps.metrics.checkpointBytes.inc({ kind: 'layer' }, stored.stats.bytes);
+      this.deps.metrics.checkpointBytes.inc({ kind: 'stored' }, stored.stats.storedBytes);
+      entryCounts.set(spec.memberId, stored.entries);
+      members.push({
+        memberId: spec.memberId,
+        cliKind: kind,
+        savedLocator: spec.savedLocator === '' ? null : spec.savedLocator,
+        nativeSessionPaths: [...spec.nativeSessionPaths],
+        layer: stored.layer,
+      });
+    }
+    // The layers were captured from stopped containers; one restarted meanwhile would make them torn.
+    const after = await this.deps.groups.membersAt(cmd.groupId, generation);
+    for (const [memberId, c] of containers) {
+      const now = after.get(memberId);
+      if (now === undefined || now.id !== c.id) throw failed('state_changed', `member ${memberId} disappeared during the checkpoint`);
+      this.assertFrozen(memberId, now, cs.stoppedAtUnixMs);
+    }
+    const manifest: CoreManifest = {
+      schemaVersion: CHECKPOINT_MANIFEST_SCHEMA_VERSION,
+      checkpointId: cmd.checkpointId,
+      groupId: cmd.groupId,
+      placementGeneration: generation,
+      source: { hostId: this.deps.hostId, epoch: this.deps.epoch() },
+      createdAtMs: this.deps.nowMs(),
+      cleanStop: coreCleanStop(cs, cmd.activityVersion),
+      members,
+      baseImageDigest: this.deps.imageId(),
+      bridgeVersion: String(bridge),
+    };
+    try {
+      await store.putManifest(manifest); // LAST (R-G3)
+    } catch (err) {
+      if (err instanceof ManifestError) throw refused(err.reason, err.message);
+      throw failed('manifest_write_failed', `writing the manifest: ${(err as Error).message}`, err);
+    }
+    this.deps.metrics.checkpointDuration.observe({ phase: 'checkpoint' }, (this.deps.nowMs() - started) / 1000);
+    return toWireManifest(manifest, extras(entryCounts));
+  }
+
+  /** A member must be stopped and not started again since the clean stop the checkpoint relies on. */
+  private assertFrozen(memberId: string, c: ContainerInfo, stoppedAtMs: number): void {
+    if (c.running || c.status === 'restarting' || c.status === 'paused') throw refused('group_running', `member ${memberId} is ${c.status}`);
+    const startedAt = isoToMs(c.startedAt);
+    if (startedAt !== undefined && startedAt > stoppedAtMs) throw refused('state_changed', `member ${memberId} was started after the clean stop`);
+  }
+
+  async restore(cmd: RestoreCommand, generation: number): Promise<RestoreOutcome> {
+    const { runtime, store } = this.deps;
+    if (cmd.manifest === undefined) throw refused('manifest_invalid', 'restore command carries no manifest');
+    let manifest: CoreManifest;
+    try {
+      manifest = fromWireManifest(cmd.manifest);
+    } catch (err) {
+      if (err instanceof ManifestError) throw refused(err.reason, err.message);
+      throw err;
+    }
+    if (manifest.groupId !== cmd.groupId) throw refused('manifest_invalid', `manifest is for group ${manifest.groupId}, command for ${cmd.groupId}`);
+    // R-G4/R-G5: the exact base image and the same proven bridge version, or nothing.
+    const bridge = this.deps.bridgeVersion();
+    const fit = checkManifestCompatible(manifest, { baseImageDigest: this.deps.imageId(), bridgeVersion: bridge === undefined ? '(unproven)' : String(bridge) });
+    if (!fit.ok) throw refused(fit.reason, fit.detail);
+    // The manifest must be the one that makes the checkpoint exist, not a look-alike.
+    const stored = await store.getManifest(manifest.groupId, manifest.checkpointId).catch((err: unknown) => {
+      if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') throw refused('no_checkpoint', err.message);
+      if (err instanceof ManifestError) throw refused('checkpoint_corrupt', `stored manifest: ${err.message}`);
+      throw err;
+    });
+    if (!sameManifest(stored, manifest)) throw refused('checkpoint_mismatch', `manifest differs from the stored checkpoint ${manifest.checkpointId}`);
+
+    // A retry after an agent crash may find containers of this generation: reuse none of them
+    // unless they never started (then they are ours, half-made: remove and redo).
+    const leftovers = await this.deps.groups.membersAt(cmd.groupId, generation);
+    for (const [memberId, c] of leftovers) {
+      if (c.startedAt !== undefined) throw refused('restore_target_in_use', `member ${memberId} at generation ${generation} already ran`);
+    }
+    for (const c of leftovers.values()) await runtime.remove(c.id, { force: true });
+    await this.deps.groups.assertCapacity(manifest.members.length);
+
+    const created: string[] = [];
+    const t0 = this.deps.nowMs();
+    try {
+      const members: RestoredMember[] = [];
+      const problems: (SessionFileProblem & { memberId: string })[] = [];
+      for (const m of manifest.members) {
+        const c = await runtime.createMember({
+          groupId: manifest.groupId,
+          memberId: m.memberId,
+          cliKind: m.cliKind,
+          placementGeneration: generation,
+          imageId: manifest.baseImageDigest,
+          cmd: this.deps.groups.memberCommand(m.cliKind),
+          env: { SANDBOXFLEET_GROUP_ID: manifest.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: m.cliKind },
+          networkMode: 'none',
+        });
+        created.push(c.id);
+        const upper = await runtime.upperDir(c.id);
+        await fetchLayer(m.layer, store, upper); // applied BEFORE any start (R-G5)
+        const found = await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator);
+        problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
+        members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });
+      }
+      this.deps.metrics.checkpointDuration.observe({ phase: 'restore' }, (this.deps.nowMs() - t0) / 1000);
+      if (problems.length > 0) {
+        // Not proven, not placed: remove what was made, report which files failed (R-G5).
+        await Promise.allSettled(created.map((id) => runtime.remove(id, { force: true })));
+        return { members, problems, verified: false };
+      }
+      return { members, problems, verified: true };
+    } catch (err) {
+      // Leave nothing half-restored behind (the control plane retries elsewhere, R-G5).
+      await Promise.allSettled(created.map((id) => runtime.remove(id, { force: true })));
+      if (err instanceof CommandError) throw err;
+      if (isCorruption(err)) throw failed('checkpoint_corrupt', `restore: ${(err as Error).message}`, err);
+      throw failed('restore_failed', `restore: ${(err as Error).message}`, err);
+    }
+  }
+}

@@ -1,0 +1,114 @@
+// Host-agent configuration: one zod schema, parsed once by loadHostAgentConfig() from cmd/, never
+// at import time. Each field says why it exists. (src/config belongs to the control plane's lead;
+// the agent keeps its own schema next to the code that uses it.)
+import { z } from 'zod';
+import { parseHostId } from '../core/ids.ts';
+
+const IMAGE_ID_RE = /^sha256:[0-9a-f]{64}$/;
+const command = z.array(z.string().min(1).max(4096)).min(1).max(64);
+
+/** JSON-encoded env values (argv lists, maps); a parse failure names the variable. */
+function jsonEnv(name: string, value: string | undefined): unknown {
+  if (value === undefined || value === '') return undefined;
+  try {
+    return JSON.parse(value) as unknown;
+  } catch (err) {
+    throw new Error(`invalid host-agent configuration: ${name} is not JSON: ${(err as Error).message}`);
+  }
+}
+
+/**
+ * The member container's PID 1 when no per-CLI command is configured: an idle supervisor that exits
+ * 0 on SIGTERM, so a stop is observed as "exited by itself" (R-G2). PID 1 ignores signals without a
+ * handler, hence the explicit trap. Turns run as `docker exec` processes beside it.
+ */
+export const DEFAULT_MEMBER_COMMAND = ['/bin/sh', '-c', "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"];
+
+export const HostAgentConfigSchema = z
+  .object({
+    /** Stable host identity (the Kubernetes node name in-cluster); names the NATS subjects (R-I2). */
+    hostId: z.string().refine((v) => parseHostId(v).ok, 'host id: letters, digits, ".", "_", "-", starts alphanumeric, ≤ 253'),
+    /** NATS server(s) of the control plane (comma-separated). */
+    natsUrl: z.string().trim().min(1),
+    /** Docker engine socket this agent drives (the host's own dockerd). */
+    dockerSocket: z.string().min(1).default('/var/run/docker.sock'),
+    /** Sandbox image reference as deployed (reported in attestation, R-H1). */
+    imageRef: z.string().min(1).max(512),
+    /** The pinned image id the members are created from; when set, the reference must resolve to it. */
+    imageId: z.string().regex(IMAGE_ID_RE, 'image id must be sha256:<64 hex>').optional(),
+    /** Exact git SHA this agent was built from (baked at build, R-H1). */
+    agentSha: z.string().min(1).max(64),
+    /** Member command per CLI kind (claude-code, codex, pi, opencode, kilo); default for the rest. */
+    memberCommand: command.default(DEFAULT_MEMBER_COMMAND),
+    memberCommands: z.record(z.string().regex(/^[a-z][a-z0-9-]{0,31}$/), command).default({}),
+    /** Heartbeat cadence (R-H3); the control plane's TTL is a multiple of it. */
+    heartbeatIntervalMs: z.coerce.number().int().min(100).max(60_000).default(2000),
+    /** Member containers this host accepts (reported as capacity, enforced on create/restore). */
+    maxMembers: z.coerce.number().int().min(1).max(10_000).default(64),
+    /** Upper bound of a stop's SIGTERM grace, whatever a command asks (R-G2: bounded grace). */
+    maxStopGraceMs: z.coerce.number().int().min(0).max(600_000).default(60_000),
+    /** Default grace when a stop command carries none. */
+    defaultStopGraceMs: z.coerce.number().int().min(0).max(600_000).default(10_000),
+    /** Consecutive failed engine checks after which the Docker data dir counts as lost (R-H5). */
+    engineFailuresForDataLoss: z.coerce.number().int().min(1).max(1000).default(3),
+    /** A file whose appearance means "this machine is being reclaimed" (spot/preemption notice, R-H5). */
+    reclaimNoticeFile: z.string().min(1).optional(),
+    /** On shutdown, how long in-flight commands may finish before NATS is drained anyway. */
+    shutdownTimeoutMs: z.coerce.number().int().min(0).max(600_000).default(30_000),
+    /** Registration request timeout and the cap of its retry backoff. */
+    registerTimeoutMs: z.coerce.number().int().min(100).max(60_000).default(5000),
+    registerMaxBackoffMs: z.coerce.number().int().min(100).max(300_000).default(10_000),
+    /** JetStream replicas of the checkpoint chunk store (1 locally, 3 on a NATS cluster). */
+    storeReplicas: z.coerce.number().int().min(1).max(5).default(1),
+    logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  })
+  .refine((c) => c.defaultStopGraceMs <= c.maxStopGraceMs, { message: 'defaultStopGraceMs must be ≤ maxStopGraceMs', path: ['defaultStopGraceMs'] });
+
+export type HostAgentConfig = z.infer<typeof HostAgentConfigSchema>;
+/** What a caller must give; everything else has a default. */
+export type HostAgentConfigInput = z.input<typeof HostAgentConfigSchema>;
+
+/** Validate an in-process config (tests, embedding); throws listing every problem. */
+export function parseHostAgentConfig(input: unknown): HostAgentConfig {
+  const parsed = HostAgentConfigSchema.safeParse(input);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
+    throw new Error(`invalid host-agent configuration: ${problems}`);
+  }
+  return parsed.data;
+}
+
+function socketFromDockerHost(dockerHost: string | undefined): string | undefined {
+  if (dockerHost === undefined || dockerHost === '') return undefined;
+  if (!dockerHost.startsWith('unix://')) throw new Error(`DOCKER_HOST must be a unix:// socket for the host agent, got ${dockerHost}`);
+  return dockerHost.slice('unix://'.length);
+}
+
+/**
+ * Read SANDBOXFLEET_* (and DOCKER_HOST) environment variables. `agentSha` falls back to
+ * `fallbackAgentSha` (the dev checkout's git SHA, resolved by the caller) when not baked in.
+ */
+export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallbackAgentSha?: string): HostAgentConfig {
+  const raw: Record<string, unknown> = {
+    hostId: env.SANDBOXFLEET_HOST_ID,
+    natsUrl: env.SANDBOXFLEET_NATS_URL,
+    dockerSocket: env.SANDBOXFLEET_DOCKER_SOCKET ?? socketFromDockerHost(env.DOCKER_HOST),
+    imageRef: env.SANDBOXFLEET_IMAGE_REF ?? env.SANDBOXFLEET_IMAGE,
+    imageId: env.SANDBOXFLEET_IMAGE && IMAGE_ID_RE.test(env.SANDBOXFLEET_IMAGE) ? env.SANDBOXFLEET_IMAGE : env.SANDBOXFLEET_IMAGE_ID,
+    agentSha: env.SANDBOXFLEET_AGENT_SHA || fallbackAgentSha,
+    memberCommand: jsonEnv('SANDBOXFLEET_MEMBER_COMMAND', env.SANDBOXFLEET_MEMBER_COMMAND),
+    memberCommands: jsonEnv('SANDBOXFLEET_MEMBER_COMMANDS', env.SANDBOXFLEET_MEMBER_COMMANDS),
+    heartbeatIntervalMs: env.SANDBOXFLEET_HEARTBEAT_INTERVAL_MS,
+    maxMembers: env.SANDBOXFLEET_MAX_MEMBERS,
+    maxStopGraceMs: env.SANDBOXFLEET_MAX_STOP_GRACE_MS,
+    defaultStopGraceMs: env.SANDBOXFLEET_STOP_GRACE_MS,
+    engineFailuresForDataLoss: env.SANDBOXFLEET_ENGINE_FAILURES_FOR_DATA_LOSS,
+    reclaimNoticeFile: env.SANDBOXFLEET_RECLAIM_NOTICE_FILE,
+    shutdownTimeoutMs: env.SANDBOXFLEET_SHUTDOWN_TIMEOUT_MS,
+    storeReplicas: env.SANDBOXFLEET_STORE_REPLICAS,
+    logLevel: env.LOG_LEVEL,
+  };
+  // Empty strings mean "unset" for env vars.
+  for (const [k, v] of Object.entries(raw)) if (v === '' || v === undefined) delete raw[k];
+  return parseHostAgentConfig(raw);
+}

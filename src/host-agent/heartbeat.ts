@@ -1,0 +1,127 @@
+// Periodic heartbeat (R-H3) on AgentSubjects.heartbeat(hostId): epoch, a sequence that grows within
+// the process, inventory and capacity, plus the two "this host is going away" facts the agent can
+// see itself (R-H5): Docker data lost, and a spot/preemption notice. Each of those is also
+// published once on AgentSubjects.notices(hostId) when it first appears, so the control plane
+// need not wait for the next beat. Ticks never overlap; a slow engine delays, not stacks, beats.
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { AgentSubjects } from '../core/agent-subjects.ts';
+import { Heartbeat, ReclaimNotice } from '../gen/sandboxfleet/v1/agent.ts';
+import type { Logger } from '../observability/logger.ts';
+import type { HostHealth } from './host-health.ts';
+import type { AgentMetrics } from './metrics.ts';
+
+export interface HeartbeaterDeps {
+  readonly nc: NatsConnection;
+  readonly hostId: string;
+  readonly epoch: () => number | undefined;
+  readonly health: HostHealth;
+  readonly intervalMs: number;
+  readonly reclaimNoticeFile: string | undefined;
+  readonly logger: Logger;
+  readonly metrics: AgentMetrics;
+  readonly nowMs: () => number;
+}
+
+const MAX_NOTICE_FILE_BYTES = 4096;
+
+export class Heartbeater {
+  private timer: NodeJS.Timeout | undefined;
+  private sequence = 0;
+  private running: Promise<void> | undefined;
+  private notice: ReclaimNotice | undefined;
+  private dataLossAnnounced = false;
+
+  constructor(private readonly deps: HeartbeaterDeps) {}
+
+  start(): void {
+    if (this.timer !== undefined) return;
+    void this.tick();
+    this.timer = setInterval(() => void this.tick(), this.deps.intervalMs);
+  }
+
+  async stop(): Promise<void> {
+    if (this.timer !== undefined) clearInterval(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+
+  get currentNotice(): ReclaimNotice | undefined {
+    return this.notice;
+  }
+
+  /** A reclaim notice from outside (SIGUSR2, a cloud metadata watcher): published now and in every beat. */
+  reportReclaim(notice: ReclaimNotice): void {
+    if (this.notice !== undefined) return;
+    this.notice = notice;
+    this.publishNotice(notice);
+  }
+
+  /** Send one heartbeat now (also used right after registration). */
+  tick(): Promise<void> {
+    if (this.running !== undefined) return this.running;
+    this.running = this.beat().finally(() => {
+      this.running = undefined;
+    });
+    return this.running;
+  }
+
+  private async beat(): Promise<void> {
+    const { deps } = this;
+    const epoch = deps.epoch();
+    if (epoch === undefined) return;
+    this.checkNoticeFile();
+    const snap = await deps.health.snapshot();
+    if (snap.dataLost && !this.dataLossAnnounced) {
+      this.dataLossAnnounced = true;
+      deps.logger.error({ reason: snap.dataLostReason }, 'Docker data directory lost (R-H5)');
+      this.publishNotice({ source: 'docker_data_lost', deadlineUnixMs: 0 });
+    }
+    this.sequence += 1;
+    const hb: Heartbeat = {
+      hostId: deps.hostId,
+      hostEpoch: epoch,
+      sequence: this.sequence,
+      sentAtUnixMs: deps.nowMs(),
+      inventory: snap.inventory,
+      capacity: snap.capacity,
+      dockerDataLost: snap.dataLost,
+      reclaimNotice: this.notice,
+    };
+    try {
+      deps.nc.publish(AgentSubjects.heartbeat(deps.hostId), Heartbeat.encode(hb).finish());
+      deps.metrics.heartbeats.inc({ result: snap.inventory === undefined ? 'engine_unreachable' : 'ok' });
+    } catch (err) {
+      deps.metrics.heartbeats.inc({ result: 'publish_failed' });
+      deps.logger.warn({ err }, 'heartbeat publish failed');
+    }
+  }
+
+  private publishNotice(notice: ReclaimNotice): void {
+    this.deps.metrics.notices.inc({ source: notice.source });
+    this.deps.logger.warn({ source: notice.source, deadlineUnixMs: notice.deadlineUnixMs }, 'publishing reclaim notice (R-H5)');
+    try {
+      this.deps.nc.publish(AgentSubjects.notices(this.deps.hostId), ReclaimNotice.encode(notice).finish());
+    } catch (err) {
+      this.deps.logger.warn({ err }, 'notice publish failed; the heartbeat still carries it');
+    }
+  }
+
+  /** The notice file may hold `{"source": "spot", "deadlineUnixMs": 123}`; any content means "spot". */
+  private checkNoticeFile(): void {
+    const file = this.deps.reclaimNoticeFile;
+    if (file === undefined || this.notice !== undefined || !existsSync(file)) return;
+    let source = 'spot';
+    let deadlineUnixMs = 0;
+    try {
+      if (statSync(file).size <= MAX_NOTICE_FILE_BYTES) {
+        const parsed = JSON.parse(readFileSync(file, 'utf8')) as { source?: unknown; deadlineUnixMs?: unknown };
+        if (typeof parsed.source === 'string' && /^[a-z_]{1,32}$/.test(parsed.source)) source = parsed.source;
+        if (typeof parsed.deadlineUnixMs === 'number' && Number.isSafeInteger(parsed.deadlineUnixMs) && parsed.deadlineUnixMs > 0) deadlineUnixMs = parsed.deadlineUnixMs;
+      }
+    } catch {
+      // not JSON: the file's presence is the notice
+    }
+    this.reportReclaim({ source, deadlineUnixMs });
+  }
+}

@@ -1,0 +1,26 @@
+// Agent-side metrics (R-I3), registered on the process's FleetMetrics registry. Fenced commands
+// count in the catalogue's `sandboxfleet_fenced_reports_total` (kind="agent_command") so one alert
+// covers both directions of R-H6; the rest are agent-specific. No per-group labels.
+import { Counter, Histogram } from 'prom-client';
+import type { FleetMetrics } from '../observability/metrics.ts';
+
+export class AgentMetrics {
+  readonly commands: Counter<'command' | 'outcome' | 'reason'>;
+  readonly commandDuration: Histogram<'command'>;
+  readonly heartbeats: Counter<'result'>;
+  readonly registrations: Counter<'result'>;
+  readonly notices: Counter<'source'>;
+
+  constructor(readonly fleet: FleetMetrics) {
+    const registers = [fleet.registry];
+    this.commands = new Counter({ name: 'sandboxfleet_agent_commands_total', help: 'Agent commands answered, by command, outcome and reason', labelNames: ['command', 'outcome', 'reason'], registers });
+    this.commandDuration = new Histogram({ name: 'sandboxfleet_agent_command_duration_seconds', help: 'Agent command execution time', labelNames: ['command'], buckets: [0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
+    this.heartbeats = new Counter({ name: 'sandboxfleet_agent_heartbeats_total', help: 'Heartbeats published, by result', labelNames: ['result'], registers });
+    this.registrations = new Counter({ name: 'sandboxfleet_agent_registrations_total', help: 'Registration attempts, by result', labelNames: ['result'], registers });
+    this.notices = new Counter({ name: 'sandboxfleet_agent_reclaim_notices_total', help: 'Reclaim notices published (R-H5), by source', labelNames: ['source'], registers });
+  }
+
+  fenced(reason: string): void {
+    this.fleet.fencedReports.inc({ kind: `agent_command_${reason}` });
+  }
+}

@@ -1,0 +1,338 @@
+// The runner's typed client for the runner gRPC API (R-I1): promise methods, one deadline per
+// logical call (spanning retries), and retries that cannot duplicate work: only UNAVAILABLE and
+// ABORTED are retried, always with the same idempotency key, which the client generates once per
+// logical call (so a retry after a lost response gets the first answer, never a second turn).
+// Every failure surfaces as a RunnerError carrying the gRPC code and the machine-readable `reason`
+// from the ErrorDetail in grpc-status-details-bin; callers switch on `reason`, never on text.
+// Also here: the mapping from the detectors' TurnEndEvidence (evidence.ts) to the wire message.
+import * as grpc from '@grpc/grpc-js';
+import { ExponentialBackoff, handleWhen, retry } from 'cockatiel';
+import { randomUUID } from 'node:crypto';
+import { CliKind as ProtoCliKind, ErrorDetail, RpcStatus, TurnEndKind, type ContextState } from '../gen/sandboxfleet/v1/common.ts';
+import {
+  RunnerServiceClient,
+  type BeginTurnResponse,
+  type CompleteTurnResponse,
+  type GetGroupStateResponse,
+  type OpenGroupResponse,
+  type StopGroupResponse,
+  type TurnEndEvidence as WireTurnEndEvidence,
+} from '../gen/sandboxfleet/v1/runner.ts';
+import { MAX_ERROR_CHARS, type CliKind, type EndKind, type TurnEndEvidence } from './evidence.ts';
+
+export const ERROR_DETAIL_TYPE_URL = 'type.googleapis.com/sandboxfleet.v1.ErrorDetail';
+
+/** The codes a retry may fix without risk (with the same idempotency key): R-I1. */
+const RETRYABLE = new Set<grpc.status>([grpc.status.UNAVAILABLE, grpc.status.ABORTED]);
+
+/** A failed runner API call. `reason` is the server's ErrorDetail reason (or a client-side one). */
+export class RunnerError extends Error {
+  readonly code: grpc.status;
+  /** e.g. `FAILED_PRECONDITION`. */
+  readonly codeName: string;
+  /** Machine-readable cause: `locator_mismatch`, `turn_in_flight`, `context_lost`, `cas_conflict`, ... */
+  readonly reason: string;
+  readonly metadata: Readonly<Record<string, string>>;
+  /** Who raised it (`control-plane`, `host-agent`), empty if unknown. */
+  readonly domain: string;
+  /** The idempotency key the call used (mutating calls), so a caller can correlate with server logs. */
+  readonly idempotencyKey: string | undefined;
+
+  constructor(init: { code: grpc.status; message: string; reason: string; metadata?: Record<string, string>; domain?: string; idempotencyKey?: string | undefined }) {
+    super(init.message);
+    this.name = 'RunnerError';
+    this.code = init.code;
+    this.codeName = grpc.status[init.code] ?? String(init.code);
+    this.reason = init.reason;
+    this.metadata = init.metadata ?? {};
+    this.domain = init.domain ?? '';
+    this.idempotencyKey = init.idempotencyKey;
+  }
+
+  /** True for UNAVAILABLE and ABORTED: safe to retry with the same idempotency key. */
+  get retryable(): boolean {
+    return RETRYABLE.has(this.code);
+  }
+}
+
+/** Reads the ErrorDetail a server put in `grpc-status-details-bin`. */
+export function errorDetailOf(metadata: grpc.Metadata | undefined): ErrorDetail | undefined {
+  const raw = metadata?.get('grpc-status-details-bin')[0];
+  if (!Buffer.isBuffer(raw)) return undefined;
+  try {
+    const any = RpcStatus.decode(raw).details.find((d) => d.typeUrl === ERROR_DETAIL_TYPE_URL);
+    return any === undefined ? undefined : ErrorDetail.decode(any.value);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Converts a grpc-js ServiceError to a RunnerError; codes without a detail get a reason from the code. */
+export function toRunnerError(error: unknown, idempotencyKey?: string): RunnerError {
+  if (error instanceof RunnerError) return error;
+  const e = error as Partial<grpc.ServiceError>;
+  if (typeof e?.code === 'number') {
+    const detail = errorDetailOf(e.metadata);
+    return new RunnerError({
+      code: e.code,
+      message: e.details || e.message || grpc.status[e.code] || 'call failed',
+      reason: detail?.reason || (grpc.status[e.code] ?? 'unknown').toLowerCase(),
+      metadata: detail?.metadata ?? {},
+      domain: detail?.domain ?? '',
+      idempotencyKey,
+    });
+  }
+  return new RunnerError({ code: grpc.status.UNKNOWN, message: error instanceof Error ? error.message : String(error), reason: 'client_error', idempotencyKey });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Evidence → wire.
+
+const CLI_TO_PROTO: Readonly<Record<CliKind, ProtoCliKind>> = {
+  'claude-code': ProtoCliKind.CLAUDE_CODE,
+  codex: ProtoCliKind.CODEX,
+  pi: ProtoCliKind.PI,
+  opencode: ProtoCliKind.OPENCODE,
+  kilo: ProtoCliKind.KILO,
+};
+const CLI_FROM_PROTO = new Map<ProtoCliKind, CliKind>(Object.entries(CLI_TO_PROTO).map(([k, v]) => [v, k as CliKind]));
+
+export const cliKindToProto = (cli: CliKind): ProtoCliKind => CLI_TO_PROTO[cli];
+export const cliKindFromProto = (kind: ProtoCliKind): CliKind | undefined => CLI_FROM_PROTO.get(kind);
+
+const END_KIND_TO_PROTO: Readonly<Record<Exclude<EndKind, 'none'>, TurnEndKind>> = {
+  result: TurnEndKind.RESULT,
+  turn_completed: TurnEndKind.TURN_COMPLETED,
+  agent_end: TurnEndKind.AGENT_END,
+  settled: TurnEndKind.SETTLED,
+  api_retry: TurnEndKind.API_RETRY,
+  disconnect: TurnEndKind.DISCONNECT,
+  timeout: TurnEndKind.TIMEOUT,
+  cancelled: TurnEndKind.CANCELLED,
+  rejected: TurnEndKind.REJECTED,
+  process_exited: TurnEndKind.PROCESS_EXITED,
+};
+
+/** What the driver knows beyond the detector's evidence (R-S5 b, R-S6). */
+export interface DriverFacts {
+  /** (b) Activation cleanup finished. */
+  readonly cleanupFinished: boolean;
+  /** The CLI process exit was confirmed (after api_retry or a process exit). */
+  readonly exitConfirmed?: boolean;
+  readonly exitCode?: number;
+}
+
+/**
+ * The CompleteTurn fields for a detector's evidence. A turn the driver stopped waiting for with
+ * nothing decisive seen (`none`) is reported as its transport event, else as CANCELLED: never as a
+ * native end (R-S5). `locator_usable` requires an observed locator and no second root id (R-S2).
+ */
+export function completeTurnEvidence(evidence: TurnEndEvidence, facts: DriverFacts): { observedLocator: string | undefined; evidence: WireTurnEndEvidence } {
+  const kind = evidence.endKind === 'none' ? (evidence.transport?.kind ?? 'cancelled') : evidence.endKind;
+  return {
+    observedLocator: evidence.observedLocator,
+    evidence: {
+      kind: END_KIND_TO_PROTO[kind],
+      nativeTurnEnded: evidence.nativeTurnEnded,
+      succeeded: evidence.nativeTurnEnded && evidence.succeeded,
+      cleanupFinished: facts.cleanupFinished,
+      transportUsable: evidence.transportUsable,
+      locatorUsable: evidence.observedLocator !== undefined && evidence.locatorConflict === undefined,
+      processExited: evidence.processWillExit || evidence.endKind === 'process_exited',
+      exitConfirmed: facts.exitConfirmed ?? false,
+      exitCode: facts.exitConfirmed ? facts.exitCode : undefined,
+      nativeTurnId: evidence.nativeTurnId ?? '',
+      errorMessage: (evidence.error ?? '').slice(0, MAX_ERROR_CHARS),
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client.
+
+export interface RunnerClientTls {
+  /** PEM of the CA that signed the server certificate. */
+  readonly ca: Buffer;
+  /** PEM of this runner's client certificate and key (role runner, R-R5). */
+  readonly cert: Buffer;
+  readonly key: Buffer;
+  /** Overrides the TLS server name checked against the certificate (e.g. when dialing an IP alias). */
+  readonly serverName?: string;
+}
+
+export interface RunnerClientOptions {
+  /** host:port of the control plane's API. */
+  readonly address: string;
+  /** mTLS (required by the server outside loopback dev mode). */
+  readonly tls?: RunnerClientTls;
+  /** Plaintext, for a local dev server on loopback only. Exactly one of tls / insecureLocalDev. */
+  readonly insecureLocalDev?: boolean;
+  /** Default deadline per logical call, retries included. Default 10 s. */
+  readonly deadlineMs?: number;
+  readonly retry?: {
+    /** Retries after the first attempt; default 4. */
+    readonly maxRetries?: number;
+    readonly initialDelayMs?: number;
+    readonly maxDelayMs?: number;
+  };
+  readonly channelOptions?: grpc.ChannelOptions;
+}
+
+export interface CallOptions {
+  /** Overrides the client's default deadline for this call. */
+  readonly deadlineMs?: number;
+  /** Use this key instead of a generated one (e.g. to resume a call after a runner restart). */
+  readonly idempotencyKey?: string;
+  readonly signal?: AbortSignal;
+}
+
+export interface OpenGroupArgs {
+  readonly conversationId: string;
+  readonly members: readonly { readonly memberId: string; readonly cli: CliKind }[];
+}
+
+export interface BeginTurnArgs {
+  readonly groupId: string;
+  readonly memberId: string;
+  /** Omit to resume the saved locator (R-S3). */
+  readonly locator?: string;
+}
+
+export interface CompleteTurnArgs {
+  readonly groupId: string;
+  readonly memberId: string;
+  readonly turnId: string;
+  readonly observedLocator?: string | undefined;
+  readonly evidence: WireTurnEndEvidence;
+}
+
+export interface StopGroupArgs {
+  readonly groupId: string;
+  readonly graceMs?: number;
+}
+
+export type GetGroupStateArgs = { readonly groupId: string } | { readonly conversationId: string };
+
+export type { BeginTurnResponse, CompleteTurnResponse, ContextState, GetGroupStateResponse, OpenGroupResponse, StopGroupResponse, WireTurnEndEvidence };
+
+type Unary<Req, Res> = (request: Req, metadata: grpc.Metadata, options: Partial<grpc.CallOptions>, callback: (error: grpc.ServiceError | null, response: Res) => void) => grpc.ClientUnaryCall;
+
+export class RunnerClient {
+  readonly #client: RunnerServiceClient;
+  readonly #deadlineMs: number;
+  readonly #maxRetries: number;
+  readonly #backoff: ExponentialBackoff<unknown>;
+  /** Attempts made by this client, retries included (observability and tests). */
+  attempts = 0;
+  retries = 0;
+
+  constructor(options: RunnerClientOptions) {
+    if ((options.tls === undefined) === (options.insecureLocalDev !== true)) {
+      throw new TypeError('RunnerClient needs exactly one of `tls` (mTLS) or `insecureLocalDev: true`');
+    }
+    const credentials =
+      options.tls !== undefined ? grpc.credentials.createSsl(options.tls.ca, options.tls.key, options.tls.cert) : grpc.credentials.createInsecure();
+    const channelOptions: grpc.ChannelOptions = {
+      'grpc.keepalive_time_ms': 30_000,
+      'grpc.keepalive_timeout_ms': 10_000,
+      ...(options.tls?.serverName !== undefined ? { 'grpc.ssl_target_name_override': options.tls.serverName } : {}),
+      ...options.channelOptions,
+    };
+    this.#client = new RunnerServiceClient(options.address, credentials, channelOptions);
+    this.#deadlineMs = options.deadlineMs ?? 10_000;
+    this.#maxRetries = options.retry?.maxRetries ?? 4;
+    this.#backoff = new ExponentialBackoff({ initialDelay: options.retry?.initialDelayMs ?? 50, maxDelay: options.retry?.maxDelayMs ?? 2_000 });
+  }
+
+  /** Acquire the conversation's group, creating it on first use. */
+  openGroup(args: OpenGroupArgs, options: CallOptions = {}): Promise<OpenGroupResponse> {
+    return this.#mutate(this.#client.openGroup.bind(this.#client) as Unary<never, OpenGroupResponse>, options, (idempotencyKey) => ({
+      idempotencyKey,
+      conversationId: args.conversationId,
+      members: args.members.map((m) => ({ memberId: m.memberId, kind: CLI_TO_PROTO[m.cli] ?? ProtoCliKind.UNSPECIFIED })),
+    }));
+  }
+
+  /** Begin a turn: the answer says NEW / LIVE / RESTORED and which locator to resume (R-S1, R-S3). */
+  beginTurn(args: BeginTurnArgs, options: CallOptions = {}): Promise<BeginTurnResponse> {
+    return this.#mutate(this.#client.beginTurn.bind(this.#client) as Unary<never, BeginTurnResponse>, options, (idempotencyKey) => ({
+      idempotencyKey,
+      groupId: args.groupId,
+      memberId: args.memberId,
+      ...(args.locator !== undefined ? { locator: args.locator } : {}),
+    }));
+  }
+
+  /** Report how the turn ended (see completeTurnEvidence for the detector → wire mapping). */
+  completeTurn(args: CompleteTurnArgs, options: CallOptions = {}): Promise<CompleteTurnResponse> {
+    return this.#mutate(this.#client.completeTurn.bind(this.#client) as Unary<never, CompleteTurnResponse>, options, (idempotencyKey) => ({
+      idempotencyKey,
+      groupId: args.groupId,
+      memberId: args.memberId,
+      turnId: args.turnId,
+      ...(args.observedLocator !== undefined ? { observedLocator: args.observedLocator } : {}),
+      evidence: args.evidence,
+    }));
+  }
+
+  stopGroup(args: StopGroupArgs, options: CallOptions = {}): Promise<StopGroupResponse> {
+    return this.#mutate(this.#client.stopGroup.bind(this.#client) as Unary<never, StopGroupResponse>, options, (idempotencyKey) => ({
+      idempotencyKey,
+      groupId: args.groupId,
+      graceMs: args.graceMs ?? 0,
+    }));
+  }
+
+  /** Read-only, so retried like the others but without a key. */
+  getGroupState(args: GetGroupStateArgs, options: CallOptions = {}): Promise<GetGroupStateResponse> {
+    const request = 'groupId' in args ? { groupId: args.groupId, conversationId: '' } : { groupId: '', conversationId: args.conversationId };
+    return this.#call(this.#client.getGroupState.bind(this.#client) as Unary<never, GetGroupStateResponse>, options, request, undefined);
+  }
+
+  /** Waits until the channel is connected (or the deadline passes). */
+  waitForReady(deadlineMs = this.#deadlineMs): Promise<void> {
+    return new Promise((resolve, reject) => this.#client.waitForReady(Date.now() + deadlineMs, (error) => (error ? reject(toRunnerError({ code: grpc.status.UNAVAILABLE, details: error.message })) : resolve())));
+  }
+
+  close(): void {
+    this.#client.close();
+  }
+
+  #mutate<Res>(method: Unary<never, Res>, options: CallOptions, build: (idempotencyKey: string) => object): Promise<Res> {
+    // One key per logical call, reused by every retry: the server answers a repeat with the first result.
+    const idempotencyKey = options.idempotencyKey ?? randomUUID();
+    return this.#call(method, options, build(idempotencyKey), idempotencyKey);
+  }
+
+  async #call<Res>(method: Unary<never, Res>, options: CallOptions, request: object, idempotencyKey: string | undefined): Promise<Res> {
+    const deadline = Date.now() + (options.deadlineMs ?? this.#deadlineMs);
+    const policy = retry(
+      handleWhen((error) => error instanceof RunnerError && error.retryable && Date.now() < deadline),
+      { maxAttempts: this.#maxRetries, backoff: this.#backoff },
+    );
+    const listener = policy.onRetry(() => {
+      this.retries += 1;
+    });
+    try {
+      return await policy.execute(
+        () =>
+          new Promise<Res>((resolve, reject) => {
+            this.attempts += 1;
+            if (options.signal?.aborted) {
+              reject(new RunnerError({ code: grpc.status.CANCELLED, message: 'aborted by caller', reason: 'cancelled', idempotencyKey }));
+              return;
+            }
+            const call = method(request as never, new grpc.Metadata(), { deadline }, (error, response) =>
+              error ? reject(toRunnerError(error, idempotencyKey)) : resolve(response),
+            );
+            options.signal?.addEventListener('abort', () => call.cancel(), { once: true });
+          }),
+        options.signal,
+      );
+    } catch (error) {
+      throw toRunnerError(error, idempotencyKey);
+    } finally {
+      listener.dispose();
+    }
+  }
+}

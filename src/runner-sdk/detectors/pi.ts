@@ -1,0 +1,145 @@
+// Turn-end detector for Pi (`pi --mode json` and `--mode rpc`, R-S5). The turn ends on `agent_end`;
+// success is read from the LAST assistant message's `stopReason`. A terminal API error is a
+// failure, never an empty success: an empty last message that carries an error, or follows a
+// failed auto-retry, fails the turn. Locator = the session id from the `session` header (or the
+// RPC `get_state` answer).
+
+import type { TransportKind, TurnEndEvidence } from '../evidence.ts';
+import { MAX_ERROR_CHARS } from '../evidence.ts';
+import { TurnTracker, type DetectorOptions, type TurnEndDetector } from './detector.ts';
+import { BoundedText, bool, errorText, field, id, isRec, rec, str, type Rec } from './shape.ts';
+
+/** stopReasons of a turn that finished normally (`length`: output cut at max tokens, still an end). */
+const OK_STOP = new Set(['stop', 'toolUse', 'length']);
+/** stopReasons of a failed turn. */
+const FAILED_STOP = new Set(['error', 'aborted']);
+
+class PiDetector implements TurnEndDetector {
+  readonly cli = 'pi' as const;
+  private readonly t: TurnTracker;
+  /** Last assistant message seen in `message_end`: fallback when `agent_end` carries no messages. */
+  private lastAssistant: Rec | undefined;
+  /** `auto_retry_end` with success false: the retries ran out on an API error. */
+  private retryFailure: string | undefined;
+  private text: string | undefined;
+
+  constructor(options: DetectorOptions) {
+    this.t = new TurnTracker(this.cli, options);
+  }
+
+  get nativeTurnEnded(): boolean {
+    return this.t.nativeTurnEnded;
+  }
+
+  observe(event: unknown): void {
+    const t = this.t;
+    t.events += 1;
+    const type = str(event, 'type');
+    if (!isRec(event) || type === undefined) {
+      t.invalid += 1;
+      return;
+    }
+    if (!t.open) {
+      t.ignored += 1;
+      return;
+    }
+    switch (type) {
+      case 'session': {
+        const sid = id(event, 'id');
+        if (sid === undefined) t.invalid += 1;
+        else t.noteLocator(sid);
+        return;
+      }
+      case 'response':
+        this.onRpcResponse(event);
+        return;
+      case 'message_end': {
+        const message = rec(event, 'message');
+        if (str(message, 'role') === 'assistant') this.lastAssistant = message;
+        return;
+      }
+      case 'auto_retry_end':
+        if (bool(event, 'success') === false) {
+          this.retryFailure = errorText(field(event, 'finalError'), MAX_ERROR_CHARS) ?? 'auto-retry failed';
+        }
+        return;
+      case 'agent_end':
+        this.onAgentEnd(event);
+        return;
+      default:
+        return;
+    }
+  }
+
+  onTransport(kind: TransportKind, detail?: string): void {
+    this.t.transport(kind, detail);
+  }
+
+  result(): TurnEndEvidence {
+    return this.t.evidence(this.text);
+  }
+
+  /** RPC mode: a refused command is a rejection (never a turn end); `get_state` names the session. */
+  private onRpcResponse(event: Rec): void {
+    if (bool(event, 'success') === false) {
+      const command = str(event, 'command') ?? 'command';
+      const reason = errorText(field(event, 'error'), MAX_ERROR_CHARS) ?? 'refused';
+      if (command === 'prompt' || command === 'steer' || command === 'follow_up') this.t.transport('rejected', `${command}: ${reason}`);
+      else this.t.ignored += 1;
+      return;
+    }
+    const sid = id(rec(event, 'data'), 'sessionId');
+    if (str(event, 'command') === 'get_state' && sid !== undefined) this.t.noteLocator(sid);
+  }
+
+  private onAgentEnd(event: Rec): void {
+    const messages = field(event, 'messages');
+    let last: Rec | undefined;
+    if (Array.isArray(messages)) {
+      for (let i = messages.length - 1; i >= 0; i -= 1) {
+        const m: unknown = messages[i];
+        if (isRec(m) && str(m, 'role') === 'assistant') {
+          last = m;
+          break;
+        }
+      }
+    }
+    last ??= this.lastAssistant;
+    if (last === undefined) {
+      this.t.endNative('agent_end', false, this.retryFailure ?? 'agent_end without an assistant message');
+      return;
+    }
+    const text = assistantText(last, this.t.maxTextChars);
+    if (text.length > 0) this.text = text;
+    const stopReason = str(last, 'stopReason');
+    const errorMessage = errorText(field(last, 'errorMessage'), MAX_ERROR_CHARS);
+    if (stopReason !== undefined && FAILED_STOP.has(stopReason)) {
+      this.t.endNative('agent_end', false, `${stopReason}: ${errorMessage ?? this.retryFailure ?? 'no error message'}`);
+    } else if (stopReason !== undefined && OK_STOP.has(stopReason)) {
+      // An empty answer that carries an error is the terminal API error, not an empty success.
+      const hiddenError = text.length === 0 ? errorMessage ?? this.retryFailure : undefined;
+      if (hiddenError !== undefined) this.t.endNative('agent_end', false, `error: ${hiddenError}`);
+      else this.t.endNative('agent_end', true);
+    } else {
+      this.t.endNative('agent_end', false, `unknown stopReason ${JSON.stringify(stopReason ?? null).slice(0, 64)}${errorMessage !== undefined ? `: ${errorMessage}` : ''}`);
+    }
+  }
+}
+
+/** Text blocks of an assistant message, bounded. */
+function assistantText(message: Rec, max: number): string {
+  const content = field(message, 'content');
+  const text = new BoundedText(max);
+  if (typeof content === 'string') text.append(content);
+  else if (Array.isArray(content)) {
+    for (const block of content) {
+      if (str(block, 'type') === 'text') text.append(str(block, 'text') ?? '');
+    }
+  }
+  return text.toString();
+}
+
+/** Detector for one Pi turn (`--mode json` or `--mode rpc` events). */
+export function createPiDetector(options: DetectorOptions = {}): TurnEndDetector {
+  return new PiDetector(options);
+}

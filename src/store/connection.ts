@@ -1,0 +1,316 @@
+// NATS connection and the StateStore: the one place that declares every KV bucket, the event
+// stream and the checkpoint object bucket with EXPLICIT settings (file storage, replicas,
+// history, value bounds, discard policy) and creates-or-verifies them at startup (SPEC §1
+// "State"; R3 in production, R1 locally). Services get typed repositories from it.
+import { jetstream, jetstreamManager, DiscardPolicy, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
+import { Kvm, type KV } from '@nats-io/kv';
+import { connect, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
+import type { z } from 'zod';
+import type { Logger } from '../observability/logger.ts';
+import { CheckpointObjects } from './checkpoint-objects.ts';
+import { StoreConfigMismatchError, translateReadError } from './errors.ts';
+import { DEFAULT_MAX_EVENT_BYTES, EVENTS_SUBJECT_PREFIX, EventLog } from './event-log.ts';
+import { KvRepository } from './kv-repository.ts';
+import { ensureStream, type DesiredStream } from './stream-setup.ts';
+
+export interface ConnectNatsOptions {
+  readonly servers: string | readonly string[];
+  /** Shown in the server's connection list: say which process this is. */
+  readonly name: string;
+  readonly logger?: Logger;
+  /** -1 (default) retries forever: a control plane must ride out a NATS restart, not exit. */
+  readonly maxReconnectAttempts?: number;
+  /** Default 1000 ms (plus jitter). */
+  readonly reconnectTimeWaitMs?: number;
+  /** Timeout of the first connect and of requests; default 5000 ms. */
+  readonly timeoutMs?: number;
+  /** Keep retrying the very first connect (e.g. NATS starting alongside); default false. */
+  readonly waitOnFirstConnect?: boolean;
+  /** Credentials / TLS for non-loopback deployments (R-R5), passed through unchanged. */
+  readonly extra?: Partial<NodeConnectionOptions>;
+}
+
+/** Connect to NATS; connection status changes are logged. The caller owns (and closes) it. */
+export async function connectNats(opts: ConnectNatsOptions): Promise<NatsConnection> {
+  const timeout = opts.timeoutMs ?? 5000;
+  const nc = await connect({
+    ...opts.extra,
+    servers: typeof opts.servers === 'string' ? opts.servers : [...opts.servers],
+    name: opts.name,
+    maxReconnectAttempts: opts.maxReconnectAttempts ?? -1,
+    reconnectTimeWait: opts.reconnectTimeWaitMs ?? 1000,
+    timeout,
+    waitOnFirstConnect: opts.waitOnFirstConnect ?? false,
+  });
+  const logger = opts.logger;
+  if (logger) {
+    logger.info({ server: nc.getServer(), maxPayload: nc.info?.max_payload }, 'connected to NATS');
+    void (async () => {
+      for await (const s of nc.status()) {
+        if (s.type === 'ping' || s.type === 'update') continue;
+        const level = s.type === 'disconnect' || s.type === 'error' || s.type === 'slowConsumer' ? 'warn' : 'info';
+        logger[level]({ status: s.type, data: 'data' in s ? String(s.data) : undefined }, 'NATS connection status');
+      }
+    })();
+  }
+  return nc;
+}
+
+/** Largest message the connected server accepts (its max_payload). */
+export function serverMaxPayload(nc: NatsConnection): number {
+  const max = nc.info?.max_payload;
+  if (!max) throw new Error('not connected: server max_payload unknown');
+  return max;
+}
+
+/** One KV bucket's declared settings. */
+export interface KvBucketSpec {
+  readonly bucket: string;
+  readonly description: string;
+  /** Revisions kept per key (1-64): older ones help audits/debugging, CAS needs only the last. */
+  readonly history: number;
+  /** Bound on one encoded record (R-R4); the repository rejects larger values. */
+  readonly maxRecordBytes: number;
+  /** Bound on the whole bucket; writes fail (discard new) rather than evict state. */
+  readonly maxBucketBytes: number;
+  /** Server-side expiry of keys not rewritten within this time; only for lease-like data. */
+  readonly ttlMs?: number;
+}
+
+const KIB = 1024;
+const MIB = 1024 * KIB;
+const GIB = 1024 * MIB;
+/** Headers a KV or event message carries besides the value (operation, expected sequence, msg id). */
+const HEADER_SLACK_BYTES = 1024;
+
+/** The control plane's buckets. Ids are what services ask for; `bucket` is the NATS name. */
+export const DEFAULT_BUCKETS = {
+  hosts: { bucket: 'sf_hosts', description: 'host registration, attestation and state (R-H1, R-H2)', history: 5, maxRecordBytes: 64 * KIB, maxBucketBytes: 1 * GIB },
+  hostLeases: { bucket: 'sf_host_leases', description: 'host lease term and fencing epoch (R-H4, R-H6)', history: 10, maxRecordBytes: 4 * KIB, maxBucketBytes: 256 * MIB },
+  heartbeats: { bucket: 'sf_heartbeats', description: 'latest heartbeat and inventory per host (R-H3)', history: 1, maxRecordBytes: 256 * KIB, maxBucketBytes: 1 * GIB },
+  groups: { bucket: 'sf_groups', description: 'sandbox groups, members and placement (R-G1)', history: 10, maxRecordBytes: 64 * KIB, maxBucketBytes: 4 * GIB },
+  locators: { bucket: 'sf_locators', description: 'saved native session locators per member (R-S2)', history: 10, maxRecordBytes: 4 * KIB, maxBucketBytes: 1 * GIB },
+  checkpoints: { bucket: 'sf_checkpoints', description: 'checkpoint records and their state (R-G3, R-G4, R-G7)', history: 5, maxRecordBytes: 256 * KIB, maxBucketBytes: 4 * GIB },
+  leadership: { bucket: 'sf_leadership', description: 'leader lease of the control plane', history: 1, maxRecordBytes: 1 * KIB, maxBucketBytes: 1 * MIB, ttlMs: 15_000 },
+} as const satisfies Record<string, KvBucketSpec>;
+
+export type BucketId = keyof typeof DEFAULT_BUCKETS;
+
+export interface EventStreamSpec {
+  readonly stream: string;
+  readonly maxEventBytes: number;
+  /** Events older than this roll off. */
+  readonly maxAgeMs: number;
+  /** Size bound; the oldest events roll off (discard old) so appends never stall the fleet. */
+  readonly maxBytes: number;
+  /** Window in which a re-appended event id is recognised as a duplicate. */
+  readonly duplicateWindowMs: number;
+}
+
+export const DEFAULT_EVENT_STREAM: EventStreamSpec = {
+  stream: 'SF_EVENTS',
+  maxEventBytes: DEFAULT_MAX_EVENT_BYTES,
+  maxAgeMs: 90 * 24 * 3600 * 1000,
+  maxBytes: 2 * GIB,
+  duplicateWindowMs: 10 * 60 * 1000,
+};
+
+export interface ObjectBucketSpec {
+  readonly bucket: string;
+  readonly maxObjectBytes: number;
+  /** -1 = bounded only by the server's JetStream file store limit; puts fail when full. */
+  readonly maxBucketBytes: number;
+  readonly chunkBytes: number;
+}
+
+export const DEFAULT_CHECKPOINT_OBJECTS: ObjectBucketSpec = {
+  bucket: 'sf_checkpoint_objects',
+  maxObjectBytes: 64 * MIB,
+  maxBucketBytes: -1,
+  chunkBytes: 128 * KIB,
+};
+
+export interface StateStoreOptions<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS> {
+  /** Stream replicas: 1 for a single local server, 3 (or 5) on a production cluster. */
+  readonly replicas?: number;
+  readonly buckets?: B;
+  readonly events?: Partial<EventStreamSpec>;
+  readonly checkpointObjects?: Partial<ObjectBucketSpec>;
+  /** JetStream API request timeout; default 5000 ms. */
+  readonly timeoutMs?: number;
+  readonly logger?: Logger;
+}
+
+const nanos = (ms: number): number => ms * 1_000_000;
+
+/** The stream under KV bucket `spec`, mirroring what @nats-io/kv creates, plus our explicit choices. */
+export function kvStreamConfig(spec: KvBucketSpec, replicas: number): DesiredStream {
+  if (!Number.isInteger(spec.history) || spec.history < 1 || spec.history > 64) throw new RangeError(`${spec.bucket}: history must be 1..64`);
+  const maxAge = spec.ttlMs ? nanos(spec.ttlMs) : 0;
+  return {
+    name: `KV_${spec.bucket}`,
+    description: spec.description,
+    subjects: [`$KV.${spec.bucket}.>`],
+    retention: RetentionPolicy.Limits,
+    storage: StorageType.File,
+    num_replicas: replicas,
+    max_msgs_per_subject: spec.history,
+    max_msg_size: spec.maxRecordBytes + HEADER_SLACK_BYTES,
+    max_bytes: spec.maxBucketBytes,
+    max_age: maxAge,
+    // KV semantics: a full bucket refuses writes; evicting would silently drop live keys.
+    discard: DiscardPolicy.New,
+    // The server requires duplicate_window ≤ max_age.
+    duplicate_window: maxAge > 0 ? Math.min(maxAge, nanos(120_000)) : nanos(120_000),
+    allow_rollup_hdrs: true,
+    // Reads go to the stream leader: a read after an acknowledged write always sees it, which
+    // read-modify-write loops rely on (direct gets may be served by a lagging replica).
+    allow_direct: false,
+    deny_delete: true,
+    deny_purge: false,
+  };
+}
+
+export function eventStreamConfig(spec: EventStreamSpec, replicas: number): DesiredStream {
+  return {
+    name: spec.stream,
+    description: 'Sandbox Fleet audit/event log (append-only)',
+    subjects: [`${EVENTS_SUBJECT_PREFIX}.>`],
+    retention: RetentionPolicy.Limits,
+    storage: StorageType.File,
+    num_replicas: replicas,
+    max_msg_size: spec.maxEventBytes + HEADER_SLACK_BYTES,
+    max_bytes: spec.maxBytes,
+    max_age: nanos(spec.maxAgeMs),
+    discard: DiscardPolicy.Old,
+    duplicate_window: nanos(spec.duplicateWindowMs),
+    allow_rollup_hdrs: false,
+    allow_direct: false,
+    // Append-only: no API may delete or purge audit entries (an operator can lift this by a
+    // deliberate stream edit).
+    deny_delete: true,
+    deny_purge: true,
+  };
+}
+
+export function objectStreamConfig(spec: ObjectBucketSpec, replicas: number): DesiredStream {
+  return {
+    name: `OBJ_${spec.bucket}`,
+    description: 'Sandbox Fleet checkpoint objects',
+    subjects: [`$O.${spec.bucket}.C.>`, `$O.${spec.bucket}.M.>`],
+    retention: RetentionPolicy.Limits,
+    storage: StorageType.File,
+    num_replicas: replicas,
+    max_bytes: spec.maxBucketBytes,
+    max_age: 0,
+    // Never evict a checkpoint to make room: a full bucket refuses new puts.
+    discard: DiscardPolicy.New,
+    allow_rollup_hdrs: true,
+    // Needed by the object store client for chunk reads; metadata reads go to the leader.
+    allow_direct: true,
+    deny_delete: true,
+    // Object deletion purges the object's chunk subject.
+    deny_purge: false,
+  };
+}
+
+/** Opened buckets, event log and checkpoint objects over one NATS connection. */
+export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS> {
+  readonly nc: NatsConnection;
+  readonly js: JetStreamClient;
+  readonly jsm: JetStreamManager;
+  readonly events: EventLog;
+  readonly checkpointObjects: CheckpointObjects;
+  readonly replicas: number;
+  readonly #buckets: B;
+  readonly #kvs: Map<keyof B, KV>;
+
+  private constructor(init: {
+    nc: NatsConnection;
+    js: JetStreamClient;
+    jsm: JetStreamManager;
+    events: EventLog;
+    checkpointObjects: CheckpointObjects;
+    replicas: number;
+    buckets: B;
+    kvs: Map<keyof B, KV>;
+  }) {
+    this.nc = init.nc;
+    this.js = init.js;
+    this.jsm = init.jsm;
+    this.events = init.events;
+    this.checkpointObjects = init.checkpointObjects;
+    this.replicas = init.replicas;
+    this.#buckets = init.buckets;
+    this.#kvs = init.kvs;
+  }
+
+  /**
+   * Create or verify every bucket and stream, then bind to them. Safe to run concurrently from
+   * several control-plane replicas. Does not take ownership of `nc`.
+   */
+  static async open<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS>(nc: NatsConnection, opts: StateStoreOptions<B> = {}): Promise<StateStore<B>> {
+    const replicas = opts.replicas ?? 1;
+    if (![1, 3, 5].includes(replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${replicas}`);
+    const buckets = (opts.buckets ?? DEFAULT_BUCKETS) as B;
+    const eventsSpec = { ...DEFAULT_EVENT_STREAM, ...opts.events };
+    const objSpec = { ...DEFAULT_CHECKPOINT_OBJECTS, ...opts.checkpointObjects };
+    const timeout = opts.timeoutMs ?? 5000;
+    const logger = opts.logger;
+
+    const maxPayload = serverMaxPayload(nc);
+    const desired: DesiredStream[] = [
+      ...Object.values(buckets).map((b) => kvStreamConfig(b, replicas)),
+      eventStreamConfig(eventsSpec, replicas),
+      objectStreamConfig(objSpec, replicas),
+    ];
+    for (const d of desired) {
+      if (d.max_msg_size !== undefined && d.max_msg_size > maxPayload) {
+        throw new StoreConfigMismatchError(`${d.name}: max message size ${d.max_msg_size} exceeds the server's max_payload ${maxPayload}`);
+      }
+    }
+    if (objSpec.chunkBytes > maxPayload - HEADER_SLACK_BYTES) {
+      throw new StoreConfigMismatchError(`object chunk size ${objSpec.chunkBytes} does not fit the server's max_payload ${maxPayload}`);
+    }
+
+    let js: JetStreamClient;
+    let jsm: JetStreamManager;
+    try {
+      js = jetstream(nc, { timeout });
+      jsm = await jetstreamManager(nc, { timeout });
+    } catch (err) {
+      throw translateReadError(err, 'JetStream API');
+    }
+    for (const d of desired) await ensureStream(jsm, d, logger);
+
+    const kvm = new Kvm(js);
+    const kvs = new Map<keyof B, KV>();
+    for (const [id, spec] of Object.entries(buckets)) {
+      kvs.set(id as keyof B, await kvm.open(spec.bucket, { allow_direct: false, timeout }));
+    }
+    const events = new EventLog({ js, jsm, stream: eventsSpec.stream, maxEventBytes: eventsSpec.maxEventBytes });
+    const checkpointObjects = await CheckpointObjects.open({ js, bucket: objSpec.bucket, maxObjectBytes: objSpec.maxObjectBytes, chunkBytes: objSpec.chunkBytes });
+    logger?.info({ replicas, buckets: Object.values(buckets).map((b) => b.bucket), events: eventsSpec.stream, objects: objSpec.bucket }, 'state store ready');
+    return new StateStore({ nc, js, jsm, events, checkpointObjects, replicas, buckets, kvs });
+  }
+
+  /** The declared settings of bucket `id`. */
+  spec(id: keyof B): KvBucketSpec {
+    const s = this.#buckets[id];
+    if (!s) throw new Error(`unknown bucket id ${String(id)}`);
+    return s;
+  }
+
+  /** A typed CAS repository over bucket `id`, validating records with `schema`. */
+  repository<T>(id: keyof B, schema: z.ZodType<T>): KvRepository<T> {
+    const spec = this.spec(id);
+    return new KvRepository<T>({ kv: this.rawKv(id), bucket: spec.bucket, schema, maxRecordBytes: spec.maxRecordBytes });
+  }
+
+  /** The untyped client bucket: for leader-lease style uses and tests; prefer repository(). */
+  rawKv(id: keyof B): KV {
+    const kv = this.#kvs.get(id);
+    if (!kv) throw new Error(`unknown bucket id ${String(id)}`);
+    return kv;
+  }
+}

@@ -1,0 +1,266 @@
+// Typed, validated, compare-and-set access to one JetStream KV bucket. Every write names the
+// revision it was computed from (create = "absent"), so two control-plane replicas or a stale
+// leader can never overwrite each other silently (R-R2, SPEC §1 "every state write is CAS").
+// Values are zod-validated and size-bounded on write and re-validated on read (R-R4).
+import { setTimeout as sleep } from 'node:timers/promises';
+import { KvWatchInclude, type KV, type KvEntry } from '@nats-io/kv';
+import type { z } from 'zod';
+import { CasConflictError, InvalidKeyError, RecordInvalidError, translateReadError, translateWriteError } from './errors.ts';
+import { jsonRecordCodec, type RecordCodec } from './record-codec.ts';
+
+/** A value with the KV revision it was read at (or written as); pass the revision to update(). */
+export interface Versioned<T> {
+  readonly value: T;
+  readonly revision: number;
+}
+
+export interface KeyedVersioned<T> extends Versioned<T> {
+  readonly key: string;
+}
+
+/** One change seen by watch(). A corrupt stored value is reported, not thrown. */
+export type KvChange<T> =
+  | { readonly op: 'put'; readonly key: string; readonly revision: number; readonly value: T }
+  | { readonly op: 'delete'; readonly key: string; readonly revision: number }
+  | { readonly op: 'invalid'; readonly key: string; readonly revision: number; readonly error: RecordInvalidError };
+
+export interface KvRepositoryOptions<T> {
+  readonly kv: KV;
+  /** Bucket name, for error messages. */
+  readonly bucket: string;
+  readonly schema: z.ZodType<T>;
+  /** Bound on one encoded record. */
+  readonly maxRecordBytes: number;
+  /** Default and maximum number of keys list()/keys() return; default 10 000. */
+  readonly maxListKeys?: number;
+}
+
+export interface ListOptions {
+  /** KV key filter; `*` matches one token, a final `>` the rest. Default: all keys. */
+  readonly filter?: string;
+  readonly limit?: number;
+}
+
+export interface MutateOptions {
+  /** Extra attempts after a CAS conflict; default 8. */
+  readonly retries?: number;
+  /** Base of the jittered pause between attempts; default 5 ms. */
+  readonly backoffMs?: number;
+}
+
+/** Longest key we accept; NATS subjects may be longer, but our ids are short and bounded. */
+export const MAX_KEY_LENGTH = 256;
+const KEY_TOKEN = /^[-/=\w]+$/;
+
+/** Throws InvalidKeyError unless `key` is a NATS KV key: dot-separated tokens of [-/=A-Za-z0-9_]. */
+export function validateKey(key: string): void {
+  if (typeof key !== 'string' || key.length === 0) throw new InvalidKeyError(String(key), 'empty');
+  if (key.length > MAX_KEY_LENGTH) throw new InvalidKeyError(key, `longer than ${MAX_KEY_LENGTH} characters`);
+  for (const token of key.split('.')) {
+    if (!KEY_TOKEN.test(token)) throw new InvalidKeyError(key, 'tokens must be non-empty and use only A-Z a-z 0-9 _ - / =');
+  }
+}
+
+function validateFilter(filter: string): void {
+  if (filter.length === 0 || filter.length > MAX_KEY_LENGTH) throw new InvalidKeyError(filter, 'bad filter length');
+  const tokens = filter.split('.');
+  tokens.forEach((t, i) => {
+    if (t === '*' || (t === '>' && i === tokens.length - 1)) return;
+    if (!KEY_TOKEN.test(t)) throw new InvalidKeyError(filter, 'filter tokens must be key tokens, `*`, or a final `>`');
+  });
+}
+
+function isDeleted(e: KvEntry): boolean {
+  return e.operation === 'DEL' || e.operation === 'PURGE';
+}
+
+export class KvRepository<T> {
+  readonly bucket: string;
+  readonly #kv: KV;
+  readonly #codec: RecordCodec<T>;
+  readonly #maxList: number;
+
+  constructor(opts: KvRepositoryOptions<T>) {
+    this.#kv = opts.kv;
+    this.bucket = opts.bucket;
+    this.#codec = jsonRecordCodec(opts.schema, opts.maxRecordBytes);
+    this.#maxList = opts.maxListKeys ?? 10_000;
+  }
+
+  get maxRecordBytes(): number {
+    return this.#codec.maxBytes;
+  }
+
+  #where(key: string): string {
+    return `${this.bucket}/${key}`;
+  }
+
+  /** Current value and revision, or undefined if absent or deleted. Corrupt values throw RecordInvalidError. */
+  async get(key: string): Promise<Versioned<T> | undefined> {
+    validateKey(key);
+    let entry: KvEntry | null;
+    try {
+      entry = await this.#kv.get(key);
+    } catch (err) {
+      throw translateReadError(err, this.#where(key));
+    }
+    if (!entry || isDeleted(entry)) return undefined;
+    return { value: this.#codec.decode(entry.value, this.#where(key)), revision: entry.revision };
+  }
+
+  /** Create `key`; CasConflictError (expectedRevision 0) if it exists. Returns the new revision. */
+  async create(key: string, value: T): Promise<number> {
+    validateKey(key);
+    const bytes = this.#codec.encode(value, this.#where(key));
+    try {
+      return await this.#kv.create(key, bytes);
+    } catch (err) {
+      throw translateWriteError(err, { bucket: this.bucket, key, expectedRevision: 0, sizeBytes: bytes.length, limitBytes: this.#codec.maxBytes });
+    }
+  }
+
+  /** Replace `key` only if its revision is still `expectedRevision`; else CasConflictError. Returns the new revision. */
+  async update(key: string, value: T, expectedRevision: number): Promise<number> {
+    validateKey(key);
+    assertRevision(expectedRevision);
+    const bytes = this.#codec.encode(value, this.#where(key));
+    try {
+      return await this.#kv.update(key, bytes, expectedRevision);
+    } catch (err) {
+      throw translateWriteError(err, { bucket: this.bucket, key, expectedRevision, sizeBytes: bytes.length, limitBytes: this.#codec.maxBytes });
+    }
+  }
+
+  /** Delete `key` only if its revision is still `expectedRevision`; else CasConflictError. */
+  async delete(key: string, expectedRevision: number): Promise<void> {
+    validateKey(key);
+    assertRevision(expectedRevision);
+    try {
+      await this.#kv.delete(key, { previousSeq: expectedRevision });
+    } catch (err) {
+      throw translateWriteError(err, { bucket: this.bucket, key, expectedRevision, sizeBytes: 0, limitBytes: this.#codec.maxBytes });
+    }
+  }
+
+  /**
+   * Read-modify-write with bounded retries on CAS conflict. `fn` gets the current value (undefined
+   * if absent) and returns the new one, or undefined to leave the key unchanged. `fn` may run
+   * several times, so it must not have side effects that assume it runs once. Errors other than CasConflictError are not retried: in
+   * particular an ambiguous StoreUnavailableError (the write may have landed) is surfaced.
+   */
+  async mutate(
+    key: string,
+    fn: (current: T | undefined, revision: number) => T | undefined | Promise<T | undefined>,
+    opts: MutateOptions = {}): Promise<Versioned<T> | undefined> {
+    const retries = opts.retries ?? 8;
+    const backoff = opts.backoffMs ?? 5;
+    for (let attempt = 0; ; attempt++) {
+      const current = await this.get(key);
+      const next = await fn(current?.value, current?.revision ?? 0);
+      if (next === undefined) return current;
+      try {
+        const revision = current ? await this.update(key, next, current.revision) : await this.create(key, next);
+        return { value: next, revision };
+      } catch (err) {
+        if (!(err instanceof CasConflictError) || attempt >= retries) throw err;
+        // Jitter spreads the retries of writers that all lost to the same winner.
+        await sleep(Math.floor(Math.random() * backoff * (attempt + 1)));
+      }
+    }
+  }
+
+  /** Live keys (deleted ones excluded), at most `limit`; `truncated` says more exist. */
+  async keys(opts: ListOptions = {}): Promise<{ keys: string[]; truncated: boolean }> {
+    const limit = this.#limit(opts.limit);
+    if (opts.filter !== undefined) validateFilter(opts.filter);
+    const keys: string[] = [];
+    let truncated = false;
+    try {
+      const iter = await this.#kv.keys(opts.filter ?? '>');
+      for await (const k of iter) {
+        if (keys.length === limit) {
+          truncated = true;
+          iter.stop();
+          break;
+        }
+        keys.push(k);
+      }
+    } catch (err) {
+      throw translateReadError(err, `${this.bucket} keys`);
+    }
+    keys.sort();
+    return { keys, truncated };
+  }
+
+  /**
+   * Values of live keys, at most `limit`. Corrupt records do not fail the listing (one bad record
+   * must not blind a reconcile loop): they are returned in `invalid` for the caller to report.
+   */
+  async list(opts: ListOptions = {}): Promise<{ entries: KeyedVersioned<T>[]; invalid: RecordInvalidError[]; truncated: boolean }> {
+    const { keys, truncated } = await this.keys(opts);
+    const entries: KeyedVersioned<T>[] = [];
+    const invalid: RecordInvalidError[] = [];
+    const concurrency = 16;
+    for (let i = 0; i < keys.length; i += concurrency) {
+      const batch = keys.slice(i, i + concurrency);
+      const results = await Promise.allSettled(batch.map((k) => this.get(k)));
+      results.forEach((r, j) => {
+        const key = batch[j] as string;
+        if (r.status === 'fulfilled') {
+          if (r.value) entries.push({ key, ...r.value }); // deleted between keys() and get()
+        } else if (r.reason instanceof RecordInvalidError) {
+          invalid.push(r.reason);
+        } else {
+          throw r.reason;
+        }
+      });
+    }
+    return { entries, invalid, truncated };
+  }
+
+  /**
+   * Changes to keys matching `filter`, as they happen; first the current values unless
+   * `updatesOnly`. Stops when the consumer breaks out of the loop or `signal` aborts.
+   */
+  async *watch(opts: { filter?: string; updatesOnly?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<KvChange<T>> {
+    if (opts.filter !== undefined) validateFilter(opts.filter);
+    let iter;
+    try {
+      iter = await this.#kv.watch({ key: opts.filter ?? '>', include: opts.updatesOnly ? KvWatchInclude.UpdatesOnly : KvWatchInclude.LastValue });
+    } catch (err) {
+      throw translateReadError(err, `${this.bucket} watch`);
+    }
+    const onAbort = (): void => iter.stop();
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      if (opts.signal?.aborted) return;
+      for await (const e of iter) {
+        if (isDeleted(e)) {
+          yield { op: 'delete', key: e.key, revision: e.revision };
+          continue;
+        }
+        let value: T;
+        try {
+          value = this.#codec.decode(e.value, this.#where(e.key));
+        } catch (err) {
+          yield { op: 'invalid', key: e.key, revision: e.revision, error: err as RecordInvalidError };
+          continue;
+        }
+        yield { op: 'put', key: e.key, revision: e.revision, value };
+      }
+    } finally {
+      opts.signal?.removeEventListener('abort', onAbort);
+      iter.stop();
+    }
+  }
+
+  #limit(limit: number | undefined): number {
+    if (limit === undefined) return this.#maxList;
+    if (!Number.isInteger(limit) || limit < 1 || limit > this.#maxList) throw new RangeError(`limit must be an integer in 1..${this.#maxList}, got ${limit}`);
+    return limit;
+  }
+}
+
+function assertRevision(rev: number): void {
+  if (!Number.isSafeInteger(rev) || rev < 1) throw new RangeError(`expectedRevision must be a positive integer, got ${rev}`);
+}

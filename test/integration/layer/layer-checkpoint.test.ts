@@ -1,0 +1,286 @@
+// Writable-layer checkpoint end to end on a real nats-server (R-G3, R-G4, R-G5, R-R4): fake overlay
+// upper dirs built as root (whiteout char devices, opaque xattrs, links, owners, modes, xattrs) →
+// capture → chunk store → manifest → restore into another dir → identical trees. Also the
+// 200 MiB figures (timings logged), dedup of a second checkpoint, and refusals that must leave
+// the target untouched. Needs root, GNU tar, mknod and setfattr/getfattr (Debian `attr`).
+import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { appendFileSync, chmodSync, chownSync, linkSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { pack } from 'tar-stream';
+import type { NatsConnection } from '@nats-io/transport-node';
+import type { CheckpointManifest, LayerRef } from '../../../src/core/checkpoint-manifest.ts';
+import { LayerRuleError } from '../../../src/core/layer-rules.ts';
+import { LayerTransferError } from '../../../src/host-agent/layer/errors.ts';
+import { fetchLayer, storeLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
+import { restoreLayer } from '../../../src/host-agent/layer/restore.ts';
+import { ChunkStore, ChunkStoreError, sha256Digest } from '../../../src/store/chunk-store.ts';
+import { startTestNats, type TestNats } from '../../support/nats.ts';
+
+const MiB = 1024 * 1024;
+
+let nats: TestNats;
+let nc: NatsConnection;
+let store: ChunkStore;
+let work: string;
+
+beforeAll(async () => {
+  // 1 MiB max_payload (the NATS default) on purpose: chunks must fit it.
+  nats = await startTestNats({ maxPayloadBytes: MiB });
+  nc = await nats.connect('layer-test');
+  store = await ChunkStore.open(nc);
+  work = mkdtempSync(join(tmpdir(), 'sf-layer-'));
+});
+
+afterAll(async () => {
+  await nats?.cleanup();
+  if (work) rmSync(work, { recursive: true, force: true });
+});
+
+/** A fake overlay upper dir with every kind of entry a container layer can hold. */
+function buildUpperDir(root: string): void {
+  mkdirSync(root);
+  mkdirSync(join(root, 'home/agent/.claude/projects'), { recursive: true });
+  writeFileSync(join(root, 'home/agent/.claude/projects/session.jsonl'), '{"role":"user","text":"hi"}\n');
+  writeFileSync(join(root, 'home/agent/script.sh'), '#!/bin/sh\necho hi\n', { mode: 0o755 });
+  writeFileSync(join(root, 'home/agent/secret'), 'k', { mode: 0o600 });
+  writeFileSync(join(root, 'home/agent/suid'), 'x', { mode: 0o644 });
+  chmodSync(join(root, 'home/agent/suid'), 0o4755);
+  chownSync(join(root, 'home/agent'), 1000, 1000);
+  chownSync(join(root, 'home/agent/secret'), 1234, 5678);
+  writeFileSync(join(root, 'home/agent/big.bin'), randomBytes(3 * MiB));
+  linkSync(join(root, 'home/agent/big.bin'), join(root, 'home/agent/big-hardlink.bin'));
+  symlinkSync('../agent/script.sh', join(root, 'home/agent/rel-link'));
+  symlinkSync('/usr/bin/env', join(root, 'home/agent/abs-link'));
+  mkdirSync(join(root, 'var/empty/dir'), { recursive: true });
+  chmodSync(join(root, 'var/empty/dir'), 0o1777);
+  const longName = `${'very-long-name-'.repeat(12)}.txt`;
+  writeFileSync(join(root, 'var', longName), 'long');
+  writeFileSync(join(root, 'var/ünïcødé ✓.txt'), 'utf8');
+  execFileSync('setfattr', ['-n', 'user.note', '-v', 'hello', join(root, 'home/agent/script.sh')]);
+  execFileSync('setfattr', ['-n', 'user.bin', '-v', '0x00ff10', join(root, 'var/empty')]);
+  // Overlay whiteouts (deleted base files) and an opaque dir (a base dir replaced wholesale).
+  mkdirSync(join(root, 'etc'));
+  execFileSync('mknod', [join(root, 'etc/motd'), 'c', '0', '0']);
+  execFileSync('mknod', [join(root, 'deleted-top'), 'c', '0', '0']);
+  mkdirSync(join(root, 'usr/share/doc'), { recursive: true });
+  execFileSync('setfattr', ['-n', 'trusted.overlay.opaque', '-v', 'y', join(root, 'usr/share/doc')]);
+  writeFileSync(join(root, 'usr/share/doc/README'), 'replaced');
+}
+
+interface Node {
+  type: string;
+  mode: number;
+  uid: number;
+  gid: number;
+  content?: string;
+  target?: string;
+  rdev?: number;
+  inodeGroup?: string;
+}
+
+/** Everything restore must preserve, per path; hard links as "first path sharing my inode". */
+function snapshot(root: string): Record<string, Node> {
+  const out: Record<string, Node> = {};
+  const byInode = new Map<number, string>();
+  const walk = (rel: string): void => {
+    const st = lstatSync(join(root, rel));
+    const type = st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : st.isCharacterDevice() ? 'char' : st.isFile() ? 'file' : 'other';
+    // Overlay ignores a whiteout's mode and owner; restore writes them canonically.
+    const node: Node = type === 'char' ? { type, mode: 0, uid: 0, gid: 0, rdev: st.rdev } : { type, mode: st.mode & 0o7777, uid: st.uid, gid: st.gid };
+    if (type === 'file') {
+      node.content = sha256Digest(readFileSync(join(root, rel)));
+      const first = byInode.get(st.ino) ?? rel;
+      byInode.set(st.ino, first);
+      node.inodeGroup = first;
+    }
+    if (type === 'symlink') node.target = readlinkSync(join(root, rel));
+    out[rel || '.'] = node;
+    if (type === 'dir') for (const name of readdirSync(join(root, rel)).sort()) walk(rel ? `${rel}/${name}` : name);
+  };
+  walk('');
+  return out;
+}
+
+/** All xattrs (incl. trusted.*) of the tree, hex-encoded, paths relative. */
+function xattrs(root: string): string {
+  return execFileSync('getfattr', ['--no-dereference', '--dump', '--match=-', '--encoding=hex', '--recursive', '.'], { cwd: root, encoding: 'utf8' });
+}
+
+function manifestFor(groupId: string, checkpointId: string, layer: LayerRef): CheckpointManifest {
+  return {
+    schemaVersion: 1,
+    checkpointId,
+    groupId,
+    placementGeneration: 1,
+    source: { hostId: 'host-a', epoch: 1 },
+    createdAtMs: 2,
+    cleanStop: { stoppedAtMs: 1, lastTurnCompletedAtMs: 1, stateRevision: 1, members: [{ memberId: 'm1', exitCode: 0, exitedWithinGrace: true }] },
+    members: [{ memberId: 'm1', cliKind: 'claude-code', savedLocator: 'sess', nativeSessionPaths: ['/home/agent/.claude/projects/session.jsonl'], layer }],
+    baseImageDigest: `sha256:${'1'.repeat(64)}`,
+    bridgeVersion: '0.1.0',
+  };
+}
+
+async function collect(source: AsyncIterable<Uint8Array>): Promise<Buffer[]> {
+  const parts: Buffer[] = [];
+  for await (const b of source) parts.push(Buffer.from(b));
+  return parts;
+}
+
+async function reasonOf(p: Promise<unknown>): Promise<string> {
+  try {
+    await p;
+  } catch (err) {
+    if (err instanceof LayerRuleError || err instanceof LayerTransferError || err instanceof ChunkStoreError) return err.reason;
+    throw err;
+  }
+  return 'no error';
+}
+
+/** Refusals must leave neither the target nor a staging dir behind. */
+function expectNothingWritten(parent: string, target: string): void {
+  expect(readdirSync(parent).filter((n) => n.startsWith(`.${target}.restore-`) || n === target)).toEqual([]);
+}
+
+describe('layer checkpoint through the chunk store', () => {
+  it('captures, stores, restores an upper dir into an identical tree', async () => {
+    const upper = join(work, 'upper-a');
+    buildUpperDir(upper);
+    const stored = await storeLayer(upper, store);
+    expect(stored.layer.size).toBe(stored.stats.bytes);
+    await store.putManifest(manifestFor('g1', 'cp1', stored.layer));
+    await expect(store.putManifest(manifestFor('g1', 'cp1', stored.layer))).rejects.toMatchObject({ reason: 'manifest_exists' });
+    expect(await store.listCheckpoints('g1')).toEqual(['cp1']);
+
+    const manifest = await store.getManifest('g1', 'cp1');
+    const target = join(work, 'restored-a');
+    const restored = await fetchLayer(manifest.members[0]!.layer, store, target);
+    expect(restored.entries).toBe(stored.entries);
+    expect(snapshot(target)).toEqual(snapshot(upper));
+    expect(xattrs(target)).toEqual(xattrs(upper));
+    expect(xattrs(target)).toContain('trusted.overlay.opaque=0x79');
+    expect(lstatSync(join(target, 'etc/motd')).isCharacterDevice()).toBe(true);
+
+    // Capturing the restored tree gives the same layer bytes: whiteouts and opaque dirs round-trip.
+    const again = await storeLayer(target, store);
+    expect(again.layer.digest).toBe(stored.layer.digest);
+    expect(again.stats.storedBytes).toBe(0);
+  });
+
+  it('refuses a missing chunk, a wrong chunk, a wrong layer digest and a truncated blob, writing nothing', async () => {
+    const upper = join(work, 'upper-b');
+    mkdirSync(upper);
+    writeFileSync(join(upper, 'data.bin'), randomBytes(4 * MiB));
+    const { layer } = await storeLayer(upper, store);
+    expect(layer.chunks.length).toBeGreaterThan(2);
+    const target = 'restored-b';
+
+    const wrongDigest: LayerRef = { ...layer, digest: `sha256:${'0'.repeat(64)}` };
+    expect(await reasonOf(fetchLayer(wrongDigest, store, join(work, target)))).toBe('layer_digest_mismatch');
+    expectNothingWritten(work, target);
+
+    const swapped: LayerRef = { ...layer, chunks: [{ digest: layer.chunks[1]!.digest, size: layer.chunks[0]!.size }, ...layer.chunks.slice(1)] };
+    expect(await reasonOf(fetchLayer(swapped, store, join(work, target)))).toBe('chunk_digest_mismatch');
+    expectNothingWritten(work, target);
+
+    const dropped = layer.chunks.slice(0, -1);
+    const truncatedRef: LayerRef = { ...layer, size: dropped.reduce((n, c) => n + c.size, 0), chunks: dropped };
+    expect(await reasonOf(fetchLayer(truncatedRef, store, join(work, target)))).toBe('layer_digest_mismatch');
+    expectNothingWritten(work, target);
+
+    // A blob cut short whose digest matches what arrived (e.g. a bad manifest): the tar is refused.
+    const blob = Buffer.concat(await collect(store.read(layer.chunks)));
+    const cut = blob.subarray(0, blob.length - 4096);
+    expect(await reasonOf(restoreLayer([cut], { digest: sha256Digest(cut), size: cut.length }, join(work, target)))).toBe('malformed_tar');
+    expectNothingWritten(work, target);
+    expect(await reasonOf(restoreLayer([cut], layer, join(work, target)))).toBe('layer_size_mismatch');
+
+    await store.delete(layer.chunks[2]!.digest);
+    expect(await store.has(layer.chunks[2]!.digest)).toBe(false);
+    expect(await reasonOf(fetchLayer(layer, store, join(work, target)))).toBe('chunk_missing');
+    expectNothingWritten(work, target);
+  });
+
+  it('refuses hostile layers before writing, and a non-empty target', async () => {
+    const p = pack();
+    p.entry({ name: 'ok.txt' }, 'fine');
+    p.entry({ name: '../escaped.txt' }, 'boom');
+    p.finalize();
+    const blob = Buffer.concat(await collect(p as AsyncIterable<Buffer>));
+    const ref = { digest: sha256Digest(blob), size: blob.length };
+    expect(await reasonOf(restoreLayer([blob], ref, join(work, 'restored-c')))).toBe('path_traversal');
+    expectNothingWritten(work, 'restored-c');
+    expect(readdirSync(work)).not.toContain('escaped.txt');
+
+    const busy = join(work, 'busy');
+    mkdirSync(busy);
+    writeFileSync(join(busy, 'x'), 'x');
+    const good = pack();
+    good.entry({ name: 'a' }, 'a');
+    good.finalize();
+    const goodBlob = Buffer.concat(await collect(good as AsyncIterable<Buffer>));
+    expect(await reasonOf(restoreLayer([goodBlob], { digest: sha256Digest(goodBlob), size: goodBlob.length }, busy))).toBe('target_not_empty');
+    // An existing EMPTY target (what `docker create` leaves) is replaced atomically.
+    const empty = join(work, 'empty-target');
+    mkdirSync(empty);
+    await restoreLayer([goodBlob], { digest: sha256Digest(goodBlob), size: goodBlob.length }, empty);
+    expect(readFileSync(join(empty, 'a'), 'utf8')).toBe('a');
+  });
+
+  it('200 MiB layer: timings, and a second checkpoint after a 1 MiB append stores ≤ 5%', async () => {
+    const upper = join(work, 'upper-big');
+    mkdirSync(join(upper, 'data'), { recursive: true });
+    for (let i = 0; i < 3; i++) writeFileSync(join(upper, 'data', `blob-${i}.bin`), randomBytes(50 * MiB));
+    const jsonl = join(upper, 'data', 'session.jsonl');
+    const line = (i: number): string => `${JSON.stringify({ seq: i, role: i % 2 ? 'assistant' : 'user', text: `message ${i} ${randomBytes(48).toString('base64')}` })}\n`;
+    const lines: string[] = [];
+    let bytes = 0;
+    for (let i = 0; bytes < 50 * MiB; i++) {
+      const l = line(i);
+      lines.push(l);
+      bytes += l.length;
+    }
+    writeFileSync(jsonl, lines.join(''));
+    // Warm the page cache like a just-stopped container's layer.
+    execFileSync('tar', ['-cf', '/dev/null', '-C', upper, '.']);
+
+    let t = performance.now();
+    const first = await storeLayer(upper, store);
+    const captureMs = performance.now() - t;
+    await store.putManifest(manifestFor('big', 'cp1', first.layer));
+
+    let appended = 0;
+    const more: string[] = [];
+    for (let i = lines.length; appended < MiB; i++) {
+      const l = line(i);
+      more.push(l);
+      appended += l.length;
+    }
+    appendFileSync(jsonl, more.join(''));
+    t = performance.now();
+    const second = await storeLayer(upper, store);
+    const secondMs = performance.now() - t;
+    await store.putManifest(manifestFor('big', 'cp2', second.layer));
+
+    t = performance.now();
+    const target = join(work, 'restored-big');
+    await fetchLayer(second.layer, store, target);
+    const restoreMs = performance.now() - t;
+
+    const mbps = (n: number, ms: number): string => ((n / MiB) / (ms / 1000)).toFixed(0);
+    console.log(
+      `[layer bench] layer ${(first.layer.size / MiB).toFixed(1)} MiB in ${first.layer.chunks.length} chunks; ` +
+        `capture+store ${captureMs.toFixed(0)} ms (${mbps(first.layer.size, captureMs)} MiB/s); ` +
+        `second checkpoint ${secondMs.toFixed(0)} ms, stored ${(second.stats.storedBytes / MiB).toFixed(2)} MiB ` +
+        `(${((100 * second.stats.storedBytes) / first.stats.storedBytes).toFixed(2)}%); ` +
+        `fetch+restore ${restoreMs.toFixed(0)} ms (${mbps(second.layer.size, restoreMs)} MiB/s)`,
+    );
+    expect(second.stats.storedBytes).toBeLessThanOrEqual(0.05 * first.stats.storedBytes);
+    expect(sha256Digest(readFileSync(join(target, 'data', 'session.jsonl')))).toBe(sha256Digest(readFileSync(jsonl)));
+    rmSync(upper, { recursive: true, force: true });
+    rmSync(target, { recursive: true, force: true });
+  });
+});

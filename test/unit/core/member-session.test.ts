@@ -1,0 +1,188 @@
+// Member context state and locator rules (R-S1..R-S3, R-S5, R-S6, R-S8), example by example.
+import { describe, expect, it } from 'vitest';
+import {
+  beginTurn, completeTurn, markMemberLost, newMemberSession, onContainerStopped, onProcessExited, onRestored, unwrap, parseLocator,
+  type BeginOutcome, type CompleteOutcome, type Locator, type MemberObservation, type MemberSession, type ProcessIdentity, type TurnEnd,
+} from '../../../src/core/index.ts';
+
+const L1 = unwrap(parseLocator('sess-1'));
+const L2 = unwrap(parseLocator('sess-2'));
+const P1: ProcessIdentity = { containerId: 'c1', incarnation: '1' };
+const P2: ProcessIdentity = { containerId: 'c1', incarnation: '2' };
+const present = (runningProcess?: ProcessIdentity): MemberObservation => ({ containerPresent: true, layerIntact: true, runningProcess });
+const success: TurnEnd = { kind: 'ended', success: true, cleanupFinished: true, transportUsable: true, processExits: false };
+const failedKept: TurnEnd = { kind: 'ended', success: false, cleanupFinished: true, transportUsable: true, processExits: false };
+
+function began(o: BeginOutcome): Extract<BeginOutcome, { ok: true }> {
+  if (!o.ok) throw new Error(`begin refused: ${o.error.reason}`);
+  return o;
+}
+function completed(o: CompleteOutcome): Extract<CompleteOutcome, { ok: true }> {
+  if (!o.ok) throw new Error(`complete failed: ${o.error.reason}`);
+  return o;
+}
+/** A member that completed one turn on P1 with locator L1. */
+function retained(): MemberSession {
+  const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1' }, present(), 0));
+  return completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: success, process: P1 })).member;
+}
+
+describe('begin: context state (R-S1, R-S3)', () => {
+  it('NEW before the first completed turn, and it asks for a process', () => {
+    const b = began(beginTurn(newMemberSession('m1', 'codex'), { turnId: 't1' }, present(), 5));
+    expect(b).toMatchObject({ contextState: 'NEW', startProcess: true, replayed: false });
+    expect(b.effectiveLocator).toBeUndefined();
+    expect(b.member.phase).toBe('IN_TURN');
+  });
+
+  it('LIVE only on the same still-running process; the saved locator is used when none is sent', () => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+    expect(b).toMatchObject({ contextState: 'LIVE', effectiveLocator: L1, startProcess: false });
+  });
+
+  it('RESTORED when a different process (or none) runs on the retained state; an unknown process is reclaimed', () => {
+    expect(began(beginTurn(retained(), { turnId: 't2' }, present(), 5))).toMatchObject({ contextState: 'RESTORED', effectiveLocator: L1, startProcess: true });
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P2), 5));
+    expect(b).toMatchObject({ contextState: 'RESTORED', reclaimProcess: P2 });
+  });
+
+  it('refuses a request locator that differs from the saved one, and any locator for a fresh member', () => {
+    const r = beginTurn(retained(), { turnId: 't2', locator: L2 }, present(P1), 5);
+    expect(r.ok).toBe(false);
+    if (!r.ok) expect([r.error.reason, r.error.status, r.contextState]).toEqual(['locator_mismatch', 'FAILED_PRECONDITION', undefined]);
+    const f = beginTurn(newMemberSession('m1', 'pi'), { turnId: 't1', locator: L1 }, present(), 5);
+    expect(!f.ok && f.error.reason).toBe('locator_mismatch');
+    expect(began(beginTurn(retained(), { turnId: 't2', locator: L1 }, present(P1), 5)).contextState).toBe('LIVE');
+  });
+
+  it('a retained member whose container, layer or session files are gone is LOST and refused', () => {
+    for (const [obs, reason] of [
+      [{ containerPresent: false, layerIntact: false }, 'container_missing'],
+      [{ containerPresent: true, layerIntact: false }, 'writable_layer_missing'],
+      [{ containerPresent: true, layerIntact: true, sessionFilesPresent: false }, 'session_files_missing'],
+    ] as const) {
+      const r = beginTurn(retained(), { turnId: 't2' }, obs, 5);
+      expect(r.ok).toBe(false);
+      if (!r.ok) {
+        expect(r.contextState).toBe('LOST');
+        expect(r.error.reason).toBe('context_lost');
+        expect(r.member).toMatchObject({ phase: 'LOST', lostReason: reason, savedLocator: L1 });
+      }
+    }
+  });
+
+  it('a retained member without a recoverable locator is refused, never started fresh (R-S3)', () => {
+    const broken: MemberSession = { memberId: 'm1', cli: 'kilo', phase: 'RETAINED', completedTurns: 2 };
+    const r = beginTurn(broken, { turnId: 't3' }, present(), 5);
+    expect(r.ok).toBe(false);
+    if (!r.ok) expect([r.error.reason, r.contextState, r.member.phase]).toEqual(['locator_missing', 'LOST', 'LOST']);
+  });
+
+  it('a fresh member without a container is UNAVAILABLE, not LOST (nothing native exists yet)', () => {
+    const r = beginTurn(newMemberSession('m1', 'opencode'), { turnId: 't1' }, { containerPresent: false, layerIntact: false }, 5);
+    expect(!r.ok && [r.error.status, r.error.reason, r.member.phase]).toEqual(['UNAVAILABLE', 'container_missing', 'FRESH']);
+  });
+
+  it('one turn in flight (R-S8); the same turnId replays the begin', () => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+    const again = beginTurn(b.member, { turnId: 't3' }, present(P1), 6);
+    expect(!again.ok && again.error.reason).toBe('turn_in_flight');
+    expect(began(beginTurn(b.member, { turnId: 't2' }, present(P1), 6))).toMatchObject({ contextState: 'LIVE', replayed: true, member: b.member });
+  });
+});
+
+describe('complete: locators and evidence (R-S2, R-S5, R-S6)', () => {
+  it('saves the observed locator on the first ended turn; later turns keep it', () => {
+    const m = retained();
+    expect(m).toMatchObject({ phase: 'RETAINED', savedLocator: L1, completedTurns: 1, process: P1 });
+    const b = began(beginTurn(m, { turnId: 't2' }, present(P1), 5));
+    const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end: success }));
+    expect(c.member).toMatchObject({ savedLocator: L1, completedTurns: 2, process: P1 });
+  });
+
+  it('a mismatching observed id fails the turn and never overwrites the saved locator, on success and ended failure alike', () => {
+    for (const end of [success, failedKept]) {
+      const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+      const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L2, end }));
+      expect(c.outcome).toBe('locator_mismatch');
+      expect(c.refusal?.reason).toBe('locator_mismatch');
+      expect(c.member).toMatchObject({ phase: 'RETAINED', savedLocator: L1, completedTurns: 1 });
+      expect(c.member.process).toBeUndefined();
+      expect(began(beginTurn(c.member, { turnId: 't3' }, present(P1), 6)).contextState).toBe('RESTORED');
+    }
+  });
+
+  it('an ended failure with all three confirmations keeps the session', () => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+    const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end: failedKept }));
+    expect(c.outcome).toBe('failed_kept');
+    expect(began(beginTurn(c.member, { turnId: 't3' }, present(P1), 6)).contextState).toBe('LIVE');
+  });
+
+  it('a failure without cleanup or usable transport is unconfirmed → next begin LOST', () => {
+    for (const end of [{ ...failedKept, cleanupFinished: false }, { ...failedKept, transportUsable: false }]) {
+      const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+      const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end }));
+      expect([c.outcome, c.member.phase, c.member.savedLocator]).toEqual(['unconfirmed', 'UNCONFIRMED', L1]);
+      const next = beginTurn(c.member, { turnId: 't3' }, present(P1), 6);
+      expect(!next.ok && [next.contextState, next.error.reason, next.member.lostReason]).toEqual(['LOST', 'context_lost', 'turn_unconfirmed']);
+    }
+  });
+
+  it.each(['transport_disconnect', 'timeout', 'cancelled', 'command_rejected'] as const)('%s is not a turn end → LOST next', (cause) => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+    const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end: { kind: 'not_ended', cause } }));
+    expect(c.member).toMatchObject({ phase: 'UNCONFIRMED', unconfirmedCause: cause, savedLocator: L1, completedTurns: 1 });
+    expect(beginTurn(c.member, { turnId: 't3' }, present(P1), 6)).toMatchObject({ ok: false, contextState: 'LOST' });
+  });
+
+  it('Claude api_retry (R-S6): the turn ends, the locator is saved, the next turn is RESTORED with the old process reclaimed', () => {
+    const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1' }, present(), 0));
+    const c = completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: { ...failedKept, processExits: true }, process: P1 }));
+    expect(c.member).toMatchObject({ phase: 'RETAINED', savedLocator: L1 });
+    const next = began(beginTurn(c.member, { turnId: 't2' }, present(P1), 6));
+    expect(next).toMatchObject({ contextState: 'RESTORED', reclaimProcess: P1, effectiveLocator: L1 });
+  });
+
+  it('missing or invalid observed locators are refused and leave the member unconfirmed', () => {
+    for (const observedLocator of [undefined, 'bad/id']) {
+      const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+      const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator, end: success }));
+      expect(c.outcome).toBe('locator_missing');
+      expect(c.member).toMatchObject({ phase: 'UNCONFIRMED', savedLocator: L1 });
+    }
+  });
+
+  it('a first turn that fails before any session exists stays FRESH (NEW next time)', () => {
+    const b = began(beginTurn(newMemberSession('m1', 'pi'), { turnId: 't1' }, present(), 0));
+    const c = completed(completeTurn(b.member, { turnId: 't1', end: failedKept }));
+    expect([c.outcome, c.member.phase]).toEqual(['failed_before_session', 'FRESH']);
+    expect(began(beginTurn(c.member, { turnId: 't2' }, present(), 1)).contextState).toBe('NEW');
+  });
+
+  it('completion is idempotent per turnId; an unknown turn is NOT_FOUND', () => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+    const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end: success }));
+    const again = completed(completeTurn(c.member, { turnId: 't2', observedLocator: L2, end: success }));
+    expect(again).toMatchObject({ duplicate: true, outcome: 'completed', member: c.member });
+    const unknown = completeTurn(c.member, { turnId: 'zz', observedLocator: L1, end: success });
+    expect(!unknown.ok && [unknown.error.status, unknown.error.reason]).toEqual(['NOT_FOUND', 'turn_not_found']);
+  });
+});
+
+describe('process and container events', () => {
+  it('a process exit or container stop ends LIVE; a stop mid-turn is unconfirmed', () => {
+    expect(began(beginTurn(onProcessExited(retained(), P1), { turnId: 't2' }, present(P1), 5)).contextState).toBe('RESTORED');
+    expect(onProcessExited(retained(), P2).process).toEqual(P1);
+    expect(began(beginTurn(onContainerStopped(retained()), { turnId: 't2' }, present(P1), 5)).contextState).toBe('RESTORED');
+    const inTurn = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5)).member;
+    expect(onContainerStopped(inTurn)).toMatchObject({ phase: 'UNCONFIRMED', unconfirmedCause: 'stopped_mid_turn' });
+  });
+
+  it('a restored member resumes RESTORED on the new container; group loss marks LOST with the first reason', () => {
+    const m = onRestored(retained());
+    expect(began(beginTurn(m, { turnId: 't2' }, present({ containerId: 'c9', incarnation: '1' }), 5)).contextState).toBe('RESTORED');
+    const lost = markMemberLost(markMemberLost(m, 'group_lost'), 'container_missing');
+    expect(lost).toMatchObject({ phase: 'LOST', lostReason: 'group_lost', savedLocator: L1 as Locator });
+  });
+});

@@ -1,0 +1,51 @@
+// Content-defined chunking: bounds, determinism across input splits, and locality of edits
+// (the property behind "a second checkpoint after a 1 MiB append stores ≤ 5%", R-G3).
+import { createHash, randomBytes } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker } from '../../../src/host-agent/layer/fastcdc.ts';
+
+function chunk(data: Buffer, step: number): Buffer[] {
+  const c = new FastCdcChunker();
+  const out: Buffer[] = [];
+  for (let i = 0; i < data.length; i += step) out.push(...c.push(data.subarray(i, i + step)).map((b) => Buffer.from(b)));
+  const last = c.finish();
+  if (last) out.push(Buffer.from(last));
+  return out;
+}
+
+const digests = (chunks: Buffer[]): string[] => chunks.map((c) => createHash('sha256').update(c).digest('hex'));
+
+describe('FastCdcChunker', () => {
+  const data = randomBytes(24 * 1024 * 1024);
+
+  it('keeps every chunk within min..max (except the last) and loses no byte', () => {
+    const chunks = chunk(data, 64 * 1024);
+    expect(Buffer.concat(chunks).equals(data)).toBe(true);
+    for (const c of chunks.slice(0, -1)) {
+      expect(c.length).toBeGreaterThanOrEqual(DEFAULT_CHUNKER_OPTIONS.minSize);
+      expect(c.length).toBeLessThanOrEqual(DEFAULT_CHUNKER_OPTIONS.maxSize);
+    }
+    const avg = data.length / chunks.length;
+    expect(avg).toBeGreaterThan(256 * 1024);
+    expect(avg).toBeLessThan(900 * 1024);
+  });
+
+  it('cuts at the same places whatever the input split', () => {
+    const a = digests(chunk(data, 64 * 1024));
+    expect(digests(chunk(data, 1000))).toEqual(a);
+    expect(digests(chunk(data, data.length))).toEqual(a);
+  });
+
+  it('confines an insertion to nearby chunks', () => {
+    const before = chunk(data, 65536);
+    const inserted = Buffer.concat([data.subarray(0, 10_000_000), randomBytes(1024 * 1024), data.subarray(10_000_000)]);
+    const after = chunk(inserted, 65536);
+    const known = new Set(digests(before));
+    const newBytes = after.filter((c) => !known.has(digests([c])[0]!)).reduce((n, c) => n + c.length, 0);
+    expect(newBytes).toBeLessThan(1024 * 1024 + 3 * DEFAULT_CHUNKER_OPTIONS.maxSize);
+  });
+
+  it('refuses inconsistent sizes', () => {
+    expect(() => new FastCdcChunker({ minSize: 10, avgSize: 5, maxSize: 20 })).toThrow(RangeError);
+  });
+});
