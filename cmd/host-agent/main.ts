@@ -11,6 +11,7 @@ import { devCheckoutSha } from '../../src/host-agent/build-info.ts';
 import { loadHostAgentConfig } from '../../src/host-agent/config.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
+import { startOpsServer } from '../../src/observability/http-server.ts';
 import { connectNats } from '../../src/store/connection.ts';
 
 async function main(): Promise<void> {
@@ -21,6 +22,14 @@ async function main(): Promise<void> {
   const nc = await connectNats({ servers: config.natsUrl.split(','), name: `host-agent/${config.hostId}`, logger, waitOnFirstConnect: true });
   const runtime = new DockerRuntime(new Docker({ socketPath: config.dockerSocket }));
   const agent = new HostAgent({ config, nc, runtime, logger, metrics });
+  // Ready only once registered and running: kubelet and the local fleet wait on /readyz.
+  const ops = await startOpsServer({
+    host: config.httpHost,
+    port: config.httpPort,
+    registry: metrics.registry,
+    readiness: async () => (nc.isClosed() ? 'NATS connection closed' : agent.state === 'RUNNING' ? undefined : `agent ${agent.state}`),
+  });
+  logger.info({ ops: ops.url }, 'ops endpoints listening');
 
   let stopping = false;
   const shutdown = async (signal: string): Promise<void> => {
@@ -28,6 +37,7 @@ async function main(): Promise<void> {
     stopping = true;
     logger.info({ signal }, 'shutting down');
     await agent.stop();
+    await ops.close();
     await nc.drain().catch((err: unknown) => logger.warn({ err }, 'NATS drain failed'));
     process.exit(0);
   };

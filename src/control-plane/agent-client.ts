@@ -3,12 +3,15 @@
 // Command ids are chosen by the caller and are deterministic per step, so a new leader repeating a
 // step gets the agent's first answer instead of a second execution (R-R3).
 import type { NatsConnection } from '@nats-io/transport-node';
-import { AgentSubjects, Fenced, Unavailable } from '../core/index.ts';
+import { Fenced, Unavailable } from '../core/index.ts';
+import { AgentSubjects } from '../core/agent-subjects.ts';
 import { AgentCommand, AgentCommandResult, CommandOutcome } from '../gen/sandboxfleet/v1/agent.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 
 export type CommandBody = NonNullable<AgentCommand['command']>;
 export type ResultCase = NonNullable<AgentCommandResult['result']>['$case'];
+/** The result payload of case C. */
+export type ResultOf<C extends ResultCase> = Extract<NonNullable<AgentCommandResult['result']>, { $case: C }>['value'];
 
 export interface AgentTarget {
   readonly hostId: string;
@@ -31,7 +34,7 @@ export class AgentCommandFailed extends Error {
 
 export interface AgentPort {
   /** Send one command; resolves with the OK result of the expected case, or throws. */
-  send<C extends ResultCase>(target: AgentTarget, commandId: string, body: CommandBody, expect: C, timeoutMs?: number): Promise<Extract<NonNullable<AgentCommandResult['result']>, { $case: C }>['value']>;
+  send<C extends ResultCase>(target: AgentTarget, commandId: string, body: CommandBody, expect: C, timeoutMs?: number): Promise<ResultOf<C>>;
 }
 
 export class NatsAgentClient implements AgentPort {
@@ -42,7 +45,7 @@ export class NatsAgentClient implements AgentPort {
     private readonly defaultTimeoutMs: number,
   ) {}
 
-  async send<C extends ResultCase>(target: AgentTarget, commandId: string, body: CommandBody, expect: C, timeoutMs = this.defaultTimeoutMs) {
+  async send<C extends ResultCase>(target: AgentTarget, commandId: string, body: CommandBody, expect: C, timeoutMs = this.defaultTimeoutMs): Promise<ResultOf<C>> {
     const issued = this.now();
     const command: AgentCommand = {
       commandId,
@@ -80,6 +83,6 @@ export class NatsAgentClient implements AgentPort {
     if (result.result?.$case !== expect) {
       throw new AgentCommandFailed('failed', 'unexpected_result', `${body.$case} on ${target.hostId} answered ${result.result?.$case ?? 'nothing'}`);
     }
-    return result.result.value as Extract<NonNullable<AgentCommandResult['result']>, { $case: C }>['value'];
+    return result.result.value as ResultOf<C>;
   }
 }

@@ -150,7 +150,11 @@ export class GroupOps {
         ...current,
         lifecycle: next.value,
         members: current.members.map((m) => ({ ...m, session: onContainerStopped(m.session), turnProcess: undefined })),
-        lastCleanStop: verdict.clean ? { stoppedAtMs: stoppedAt, graceMs, members: members.map((m) => ({ memberId: m.memberId, exitCode: m.exitCode ?? 0 })) } : undefined,
+        lastCleanStop: verdict.clean ? {
+          stoppedAtMs: stoppedAt,
+          graceMs,
+          members: (evidence?.members ?? []).map((e) => ({ memberId: e.memberId, exitCode: e.exitCode ?? 0, sigtermAtMs: e.sigtermAtUnixMs, exitedAtMs: e.exitedAtUnixMs, stopDurationMs: Math.max(0, e.stopDurationMs) })),
+        } : undefined,
         updatedAtMs: now,
       };
       return out;
@@ -202,7 +206,7 @@ export class GroupOps {
               stoppedAtUnixMs: stop?.stoppedAtMs ?? lc.lastActivityAtMs,
               members: (stop?.members ?? []).map((s) => ({
                 memberId: s.memberId, exitCode: s.exitCode, exitedByItself: true, signal: 'SIGTERM', withinGrace: true, containerPresent: true,
-                writableLayerPresent: true, stopDurationMs: 0, sigtermAtUnixMs: 0, exitedAtUnixMs: 0, killed: false, turnInFlight: false,
+                writableLayerPresent: true, stopDurationMs: s.stopDurationMs, sigtermAtUnixMs: s.sigtermAtMs, exitedAtUnixMs: s.exitedAtMs, killed: false, turnInFlight: false,
               })),
             },
             activityVersion: lc.activityVersion,

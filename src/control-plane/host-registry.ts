@@ -3,12 +3,11 @@
 // counted and dropped), and turns reclaim notices and "Docker data dir lost" reports into host
 // events. Any replica may serve these (NATS queue group): every write is compare-and-set.
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
+import { AgentSubjects, hostIdFromSubject } from '../core/agent-subjects.ts';
 import {
-  AgentSubjects,
   UNREGISTERED,
   checkFence,
   evaluateAttestation,
-  hostIdFromSubject,
   nextEpoch,
   transitionHost,
   unwrap,

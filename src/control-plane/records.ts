@@ -24,7 +24,8 @@ export const HostLifecycleSchema = z.object({
   epoch: z.number().int().nonnegative(),
   refusals: z.array(attestationReason).max(16).optional(),
   goingAway: removalSource.optional(),
-}) satisfies z.ZodType<HostLifecycle>;
+}) as unknown as z.ZodType<HostLifecycle>;
+// (casts: core types use readonly arrays and branded strings; these schemas check their stored form.)
 
 /** What the host attested at its last registration (R-H1), as reported, plus the proven bridge. */
 export const HostAttestationSchema = z.object({
@@ -97,7 +98,7 @@ export const GroupLifecycleSchema = z.object({
   stop: stopVerdict.optional(),
   migration: z.object({ targetHostId: id, checkpointId: id }).optional(),
   lostReason: LossReasonSchema.optional(),
-}) satisfies z.ZodType<GroupLifecycle>;
+}) as unknown as z.ZodType<GroupLifecycle>;
 
 const cliKind = z.enum(['claude_code', 'codex', 'pi', 'opencode', 'kilo']);
 const processIdentity = z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) });
@@ -122,7 +123,6 @@ export const MemberSessionSchema = z.object({
   unconfirmedCause: z.enum(['command_rejected', 'transport_disconnect', 'timeout', 'cancelled', 'no_end_event', 'stopped_mid_turn', 'cleanup_unfinished', 'transport_unusable', 'locator_unobserved']).optional(),
   lostReason: z.enum(['turn_unconfirmed', 'container_missing', 'writable_layer_missing', 'session_files_missing', 'locator_missing', 'group_lost']).optional(),
 }) as unknown as z.ZodType<MemberSession>;
-// (cast: the schema's inferred `string` for the branded Locator is the stored form of it.)
 
 export const MemberRecordSchema = z.object({
   session: MemberSessionSchema,
@@ -167,7 +167,7 @@ export const GroupRecordSchema = z.object({
   lastCleanStop: z.object({
     stoppedAtMs: ms,
     graceMs: z.number().int().nonnegative(),
-    members: z.array(z.object({ memberId: z.string().max(64), exitCode: z.number().int() })).max(16),
+    members: z.array(z.object({ memberId: z.string().max(64), exitCode: z.number().int(), sigtermAtMs: ms, exitedAtMs: ms, stopDurationMs: ms })).max(16),
   }).optional(),
   /** When the last native turn completed (manifest evidence). */
   lastTurnCompletedAtMs: ms.optional(),

@@ -21,24 +21,16 @@ import {
   transitionGroup,
   newMemberSession,
   createGroup,
-  type BeginTurnInput,
-  type BeginTurnView,
   type CliKind,
-  type CompleteTurnInput,
-  type CompleteTurnView,
+  type Locator,
   type ContextState,
-  type GroupView,
   type MemberObservation,
   type MemberSession,
-  type OpenGroupInput,
   type ProcessIdentity,
-  type RunnerBackend,
-  type StopGroupInput,
-  type StopGroupView,
   type TurnEnd,
-  type TurnEvidenceInput,
 } from '../core/index.ts';
 import { isSafeId } from '../core/checkpoint-manifest.ts';
+import type { BeginTurnInput, BeginTurnView, CompleteTurnInput, CompleteTurnView, GroupView, OpenGroupInput, RunnerBackend, StopGroupInput, StopGroupView, TurnEvidenceInput } from '../core/runner-port.ts';
 import { ContainerState } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
 import { candidates, isTerminal, listGroups, listHosts } from './fleet.ts';
@@ -238,7 +230,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     });
   }
 
-  async #begin(groupId: string, memberId: string, locator: BeginTurnInput['locator'], turnId: string): Promise<BeginTurnView> {
+  async #begin(groupId: string, memberId: string, locator: Locator | undefined, turnId: string): Promise<BeginTurnView> {
     let g = (await this.#ops.get(groupId)).value;
     const member0 = g.members.find((m) => m.session.memberId === memberId);
     if (member0 === undefined) throw new NotFound('member_not_found', `member ${memberId} not in group ${groupId}`, { details: { groupId, memberId } });
@@ -264,7 +256,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     return this.#applyBegin(g, memberId, { turnId, locator }, observation, turnId, running);
   }
 
-  async #applyBegin(g: GroupRecord, memberId: string, request: { turnId: string; locator: BeginTurnInput['locator'] }, observation: MemberObservation, turnId: string, running?: ProcessIdentity): Promise<BeginTurnView> {
+  async #applyBegin(g: GroupRecord, memberId: string, request: { turnId: string; locator: Locator | undefined }, observation: MemberObservation, turnId: string, running?: ProcessIdentity): Promise<BeginTurnView> {
     const now = this.ctx.now();
     let outcome: ReturnType<typeof beginTurn> | undefined;
     let written: GroupRecord | undefined;

@@ -42,6 +42,18 @@ export type AttestationReason =
   /** Helper output or label missing, unparsable, or they disagree (or disagree with the claim). */
   | 'bridge_unproven';
 
+/** Every AttestationReason, for metrics pre-created at 0. */
+export const ATTESTATION_REASONS = [
+  'agent_sha_unknown',
+  'api_sha_mismatch',
+  'image_digest_not_allowed',
+  'storage_driver_unsupported',
+  'bridge_version',
+  'bridge_unproven',
+] as const satisfies readonly AttestationReason[];
+const _allAttestationReasonsListed: Exclude<AttestationReason, (typeof ATTESTATION_REASONS)[number]> extends never ? true : never = true;
+void _allAttestationReasonsListed;
+
 export type AttestationVerdict =
   | { readonly verdict: 'ready'; readonly bridgeVersion: number }
   | { readonly verdict: 'refused'; readonly reasons: readonly AttestationReason[]; readonly bridgeVersion?: number };

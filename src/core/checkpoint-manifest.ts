@@ -81,6 +81,8 @@ export interface CheckpointManifest {
 }
 
 const ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+/** Host ids follow ids.ts (Kubernetes node names may carry dots); they never become a subject token here. */
+const HOST_ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$/;
 const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 const CLI_KIND_RE = /^[a-z][a-z0-9._-]{0,31}$/;
 const VERSION_RE = /^[\x21-\x7e]{1,64}$/;
@@ -201,7 +203,7 @@ export function validateCheckpointManifest(value: unknown, maxManifestBytes = DE
     checkpointId: str(o.checkpointId, 'manifest.checkpointId', ID_RE, 'a safe id'),
     groupId: str(o.groupId, 'manifest.groupId', ID_RE, 'a safe id'),
     placementGeneration: uint(o.placementGeneration, 'manifest.placementGeneration'),
-    source: { hostId: str(source.hostId, 'manifest.source.hostId', ID_RE, 'a safe id'), epoch: uint(source.epoch, 'manifest.source.epoch') },
+    source: { hostId: str(source.hostId, 'manifest.source.hostId', HOST_ID_RE, 'a host id'), epoch: uint(source.epoch, 'manifest.source.epoch') },
     createdAtMs: uint(o.createdAtMs, 'manifest.createdAtMs'),
     cleanStop: checkCleanStop(o.cleanStop, 'manifest.cleanStop'),
     members: arr(o.members, 'manifest.members', 1, MAX_MEMBERS).map((m, i) => checkMember(m, `manifest.members[${i}]`, maxChunks)),

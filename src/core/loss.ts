@@ -21,6 +21,25 @@ export type LossReason =
   /** An operator declared the group lost. */
   | 'operator_declared';
 
+/** Every LossReason, for metrics that must exist at 0 before the first loss (alerting on increase()). */
+export const LOSS_REASONS = [
+  'host_lost_running',
+  'unclean_stop',
+  'no_checkpoint',
+  'checkpoint_mismatch',
+  'stale_checkpoint',
+  'checkpoint_corrupt',
+  'base_image_mismatch',
+  'bridge_version_mismatch',
+  'restore_failed',
+  'no_eligible_host',
+  'container_missing',
+  'operator_declared',
+] as const satisfies readonly LossReason[];
+// Compile-time check that the list is complete: fails if a LossReason is missing above.
+const _allLossReasonsListed: Exclude<LossReason, (typeof LOSS_REASONS)[number]> extends never ? true : never = true;
+void _allLossReasonsListed;
+
 export interface RestoreBudget {
   /** Restores already attempted for this loss. */
   readonly attempts: number;

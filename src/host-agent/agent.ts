@@ -7,6 +7,7 @@
 //   STOPPING    no new commands; in-flight ones finish (bounded); heartbeats stopped.
 //   STOPPED     subscription drained; the NATS connection belongs to the caller.
 import { randomUUID } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import type { DockerRuntime } from '../docker/runtime.ts';
@@ -40,7 +41,7 @@ export interface HostAgentDeps {
 export class HostAgentError extends Error {
   override readonly name = 'HostAgentError';
   constructor(
-    readonly reason: 'image_not_found' | 'image_id_mismatch' | 'invalid_state',
+    readonly reason: 'image_not_found' | 'image_id_mismatch' | 'data_root_not_visible' | 'invalid_state',
     message: string,
   ) {
     super(message);
@@ -99,6 +100,11 @@ export class HostAgent {
       throw new HostAgentError('image_id_mismatch', `${config.imageRef} resolves to ${imageId}, configured pin is ${config.imageId}`);
     }
     const engine = await runtime.engineInfo();
+    // Layers are read and written in the engine's data root, and its disappearance is how data loss
+    // is seen (R-H5): the agent must see it at the engine's own path (the DaemonSet mounts it so).
+    if (!existsSync(engine.dockerRootDir)) {
+      throw new HostAgentError('data_root_not_visible', `the engine's data root ${engine.dockerRootDir} is not visible to the agent`);
+    }
     const store = await ChunkStore.open(nc, { replicas: config.storeReplicas });
     // Re-learn placement generations from container labels so fencing survives an agent restart.
     for (const c of await runtime.listMembers()) if (c.member) this.fence.observe(c.member.groupId, c.member.placementGeneration);

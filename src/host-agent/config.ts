@@ -61,6 +61,9 @@ export const HostAgentConfigSchema = z
     /** JetStream replicas of the checkpoint chunk store (1 locally, 3 on a NATS cluster). */
     storeReplicas: z.coerce.number().int().min(1).max(5).default(1),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    /** Health (/healthz, /readyz) and Prometheus (/metrics) listener for kubelet probes and scraping; port 0 = any. */
+    httpHost: z.string().min(1).default('127.0.0.1'),
+    httpPort: z.coerce.number().int().min(0).max(65_535).default(9465),
   })
   .refine((c) => c.defaultStopGraceMs <= c.maxStopGraceMs, { message: 'defaultStopGraceMs must be ≤ maxStopGraceMs', path: ['defaultStopGraceMs'] });
 
@@ -107,6 +110,8 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     shutdownTimeoutMs: env.SANDBOXFLEET_SHUTDOWN_TIMEOUT_MS,
     storeReplicas: env.SANDBOXFLEET_STORE_REPLICAS,
     logLevel: env.LOG_LEVEL,
+    httpHost: env.SANDBOXFLEET_HTTP_HOST,
+    httpPort: env.SANDBOXFLEET_HTTP_PORT,
   };
   // Empty strings mean "unset" for env vars.
   for (const [k, v] of Object.entries(raw)) if (v === '' || v === undefined) delete raw[k];

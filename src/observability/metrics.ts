@@ -2,6 +2,8 @@
 // Each process builds one FleetMetrics on its own prom-client Registry (never the global one),
 // so tests and several in-process components do not collide. No per-sandbox ids as labels.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { ATTESTATION_REASONS } from '../core/attestation.ts';
+import { LOSS_REASONS } from '../core/loss.ts';
 
 export class FleetMetrics {
   readonly registry: Registry;
@@ -41,5 +43,15 @@ export class FleetMetrics {
     this.locatorMismatches = new Counter({ name: 'sandboxfleet_locator_mismatches_total', help: 'Locator mismatches refused, by phase (begin/end)', labelNames: ['phase'], registers });
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
     this.casConflicts = new Counter({ name: 'sandboxfleet_state_cas_conflicts_total', help: 'Compare-and-set conflicts on state writes, by bucket', labelNames: ['bucket'], registers });
+    // Alerts use increase(); a labelled series that first appears at 1 shows no increase, so the
+    // first LOST (or refusal) of a reason after a restart would never page. Export every known
+    // reason at 0 from the start.
+    for (const reason of LOSS_REASONS) this.lostSessions.inc({ reason }, 0);
+    for (const reason of ATTESTATION_REASONS) this.attestationRefusals.inc({ reason }, 0);
+  }
+
+  /** A host left the fleet: drop its heartbeat-age series so the missing-heartbeat alert stops. */
+  forgetHost(hostId: string): void {
+    this.heartbeatAge.remove({ host: hostId });
   }
 }

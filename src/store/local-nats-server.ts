@@ -215,6 +215,9 @@ export function renderConfig(i: RenderInput): string {
     i.monitorPort === undefined ? '' : `http: ${q(`127.0.0.1:${i.monitorPort}`)}`,
     `ports_file_dir: ${q(i.portsDir)}`,
     `log_file: ${q(i.logFile)}`,
+    // Bounded logs: rotate at 10 MiB, keep 3 files.
+    `logfile_size_limit: ${10 * 1024 * 1024}`,
+    `logfile_max_num: 3`,
     `max_payload: ${i.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD}`,
     `jetstream {`,
     `  store_dir: ${q(i.storeDir)}`,

@@ -16,6 +16,7 @@ import { parseHostAgentConfig, type HostAgentConfigInput } from '../../src/host-
 import {
   AgentCommand,
   AgentCommandResult,
+  CommandOutcome,
   Heartbeat,
   ProbeEcho,
   ProbeEchoAck,
@@ -223,6 +224,8 @@ export function spawnAgent(s: AgentSetup): ChildAgent {
     SANDBOXFLEET_AGENT_SHA: c.agentSha,
     SANDBOXFLEET_HEARTBEAT_INTERVAL_MS: String(c.heartbeatIntervalMs),
     LOG_LEVEL: 'info',
+    // Several agents share this machine: let each ops listener take a free port.
+    SANDBOXFLEET_HTTP_PORT: '0',
     ...(c.reclaimNoticeFile ? { SANDBOXFLEET_RECLAIM_NOTICE_FILE: c.reclaimNoticeFile } : {}),
   };
   const child = spawn(process.execPath, ['--import', 'tsx', 'cmd/host-agent/main.ts'], { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -232,4 +235,15 @@ export function spawnAgent(s: AgentSetup): ChildAgent {
   const exited = new Promise<number | string>((res) => child.on('exit', (code, signal) => res(code ?? signal ?? 'unknown')));
   if (child.pid === undefined) throw new Error('host agent did not spawn');
   return { child, pid: child.pid, output: () => out, exited, kill: (signal = 'SIGTERM') => void child.kill(signal) };
+}
+
+type ResultBody = NonNullable<AgentCommandResult['result']>;
+export type ResultValue<C extends ResultBody['$case']> = Extract<ResultBody, { $case: C }>['value'];
+
+/** The payload of an OK result of the expected kind; throws with outcome, reason and message otherwise. */
+export function okValue<C extends ResultBody['$case']>(r: AgentCommandResult, c: C): ResultValue<C> {
+  if (r.outcome !== CommandOutcome.OK || r.result?.$case !== c) {
+    throw new Error(`expected OK ${c}, got outcome ${r.outcome} reason ${JSON.stringify(r.reason)} result ${r.result?.$case}: ${r.message}`);
+  }
+  return (r.result as { value: unknown }).value as ResultValue<C>;
 }

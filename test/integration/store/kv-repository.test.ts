@@ -217,11 +217,16 @@ describe('KvRepository watch', () => {
       }
     })();
     // Wait for the initial value before changing anything, so the order is deterministic.
-    for (let i = 0; i < 100 && seen.length < 1; i++) await new Promise((r) => setTimeout(r, 20));
+    for (let i = 0; seen.length < 1; i++) {
+      expect(i, 'watch delivered no initial value').toBeLessThan(1500);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const guard = setTimeout(() => ac.abort(), 60_000); // never hang the suite on a missed change
     const r = await w.create('hb.b', { n: 2, by: 'y' });
     await w.delete('hb.b', r);
     await store.rawKv('heartbeats').put('hb.c', new TextEncoder().encode('not json'));
     await done;
+    clearTimeout(guard);
     expect(seen.map((c) => `${c.op}:${c.key}`)).toEqual(['put:hb.a', 'put:hb.b', 'delete:hb.b', 'invalid:hb.c']);
     const inv = seen[3];
     expect(inv?.op === 'invalid' && inv.error.reason).toBe('record_invalid');

@@ -4,7 +4,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { StateStore } from '../../../src/store/connection.ts';
-import { CasConflictError } from '../../../src/store/errors.ts';
+import { Unavailable } from '../../../src/core/errors.ts';
+import { CasConflictError, StoreUnavailableError } from '../../../src/store/errors.ts';
 import type { FleetEvent } from '../../../src/store/event-log.ts';
 import { nextStatus, startTestNats, type TestNats } from '../../support/nats.ts';
 
@@ -87,6 +88,28 @@ describe('restart durability', () => {
     expect(nats.server.running).toBe(false);
     await nats.server.start();
     await verifyFixture(await StateStore.open(await nats.connect('after-kill')), fixture);
+  });
+
+  it('reports store_unavailable while NATS is down (writes as ambiguous) and recovers after', async () => {
+    nats = await startTestNats();
+    const nc = await nats.connect('down-test');
+    const store = await StateStore.open(nc, { timeoutMs: 1000 });
+    const repo = store.repository('groups', Placement);
+    const rev = await repo.create('g', { groupId: 'g', hostId: 'h1', generation: 1 });
+    await nats.server.stop();
+    const w = await repo.update('g', { groupId: 'g', hostId: 'h2', generation: 2 }, rev).catch((e: unknown) => e);
+    expect(w).toBeInstanceOf(StoreUnavailableError);
+    expect(w).toBeInstanceOf(Unavailable);
+    expect((w as StoreUnavailableError).reason).toBe('store_unavailable');
+    expect((w as StoreUnavailableError).ambiguous).toBe(true);
+    const r = await repo.get('g').catch((e: unknown) => e);
+    expect((r as StoreUnavailableError).ambiguous).toBe(false);
+    const reconnected = nextStatus(nc, 'reconnect');
+    await nats.server.start();
+    await reconnected;
+    // Ambiguity is resolved by re-reading: the write did not land, so the old revision still works.
+    expect((await repo.get('g'))?.revision).toBe(rev);
+    await repo.update('g', { groupId: 'g', hostId: 'h2', generation: 2 }, rev);
   });
 
   it('applies a configured fsync interval instead of always', async () => {

@@ -1,0 +1,182 @@
+// Checkpoint benchmark (issue "Host agent"): one 200 MiB writable layer (150 MiB incompressible +
+// 50 MiB JSONL text) in a real container on a real dockerd, measured in the same run against
+//   - the peers: `docker commit` + `docker save` (capture), `docker load` + `docker create` (restore),
+//   - the raw limit: GNU tar of the upper dir piped to `openssl dgst -sha256`,
+// plus an incremental checkpoint after appending 1 MiB of JSONL. Medians of N rounds; ratios are
+// what to read (this machine is noisy). Writes bench/results/checkpoint.json.
+//
+//   node --import tsx bench/checkpoint/run.ts [--rounds 3] [--mib 200]
+import { spawnSync } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
+import { appendFile, mkdir, rm, writeFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { join } from 'node:path';
+import { pipeline } from 'node:stream/promises';
+import { parseArgs } from 'node:util';
+import type Docker from 'dockerode';
+import { ChunkStore } from '../../src/store/chunk-store.ts';
+import { fetchLayer, storeLayer } from '../../src/host-agent/layer/layer-transfer.ts';
+import { startDockerHosts, destroyAll, type DockerHost } from '../../test/support/docker.ts';
+import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
+import { startTestNats, type TestNats } from '../../test/support/nats.ts';
+
+const { values } = parseArgs({ options: { rounds: { type: 'string', default: '3' }, mib: { type: 'string', default: '200' } } });
+const rounds = Number(values.rounds);
+const totalMiB = Number(values.mib);
+const randomMiB = Math.round((totalMiB * 3) / 4);
+const jsonlMiB = totalMiB - randomMiB;
+const MiB = 1024 * 1024;
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? Number.NaN;
+async function timed<T>(fn: () => Promise<T>): Promise<[number, T]> {
+  const t0 = process.hrtime.bigint();
+  const out = await fn();
+  return [Number(process.hrtime.bigint() - t0) / 1e9, out];
+}
+
+async function createSandbox(docker: Docker, imageId: string, name: string): Promise<Docker.Container> {
+  return docker.createContainer({ name, Image: imageId, Cmd: ['/bin/sleep', 'infinity'], HostConfig: { NetworkMode: 'none' } });
+}
+
+async function upperDirOf(container: Docker.Container): Promise<string> {
+  const info = await container.inspect();
+  const upper = (info.GraphDriver.Data as Record<string, string> | undefined)?.UpperDir;
+  if (!upper) throw new Error('container has no overlay2 upper dir');
+  return upper;
+}
+
+/** 150 MiB incompressible + 50 MiB JSONL with a Claude-Code-like layout, written as the container's writable layer. */
+async function fillLayer(upper: string): Promise<string> {
+  const data = join(upper, 'home/agent/work');
+  const sessions = join(upper, 'home/agent/.claude/projects/-home-agent-work');
+  await mkdir(data, { recursive: true });
+  await mkdir(sessions, { recursive: true });
+  for (let i = 0; i < randomMiB / 10; i++) await writeFile(join(data, `blob-${i}.bin`), randomBytes(10 * MiB));
+  const jsonl = join(sessions, 'session-0001.jsonl');
+  const line = (i: number) => JSON.stringify({ type: 'assistant', session_id: 'session-0001', seq: i, message: { role: 'assistant', content: [{ type: 'text', text: `step ${i}: ` + 'the quick brown fox jumps over the lazy dog '.repeat(8) }] } }) + '\n';
+  const out = createWriteStream(jsonl);
+  let written = 0;
+  for (let i = 0; written < jsonlMiB * MiB; i++) {
+    const l = line(i);
+    written += Buffer.byteLength(l);
+    if (!out.write(l)) await new Promise((r) => out.once('drain', r));
+  }
+  await new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve())));
+  return jsonl;
+}
+
+function rawLimit(upper: string): number {
+  const t0 = process.hrtime.bigint();
+  const r = spawnSync('bash', ['-c', `set -o pipefail; tar --xattrs --numeric-owner -C '${upper}' -cf - . | openssl dgst -sha256 >/dev/null`]);
+  if (r.status !== 0) throw new Error(`raw tar|openssl failed: ${r.stderr.toString()}`);
+  return Number(process.hrtime.bigint() - t0) / 1e9;
+}
+
+async function main(): Promise<void> {
+  let hosts: DockerHost[] = [];
+  let nats: TestNats | undefined;
+  const scratch = `/tmp/sf-bench-${process.pid}`;
+  await mkdir(scratch, { recursive: true });
+  try {
+    hosts = await startDockerHosts(2);
+    const [a, b] = hosts as [DockerHost, DockerHost];
+    const image = await provisionSandboxImage([a.docker, b.docker], { bridgeVersion: 4 });
+    // Same durability as production: fsync before every ack.
+    nats = await startTestNats();
+    const nc = await nats.connect('bench-checkpoint');
+
+    const source = await createSandbox(a.docker, image.imageId, 'bench-source');
+    const upper = await upperDirOf(source);
+    const jsonl = await fillLayer(upper);
+    const layerBytes = Number(spawnSync('du', ['-sb', upper]).stdout.toString().split('\t')[0]);
+    rawLimit(upper); // warm the page cache so every contender reads from memory
+
+    const raw: number[] = [], ours: number[] = [], commitSave: number[] = [], oursRestore: number[] = [], loadCreate: number[] = [];
+    const capturePhases: { capture_store_s: number; fetch_restore_s: number; create_s: number }[] = [];
+    let lastStore: ChunkStore | undefined;
+    let firstStoredBytes = 0;
+    for (let r = 0; r < rounds; r++) {
+      raw.push(rawLimit(upper));
+
+      // Ours: capture → FastCDC chunks → sha256 → JetStream, into an empty chunk stream each round.
+      const store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_${r}`, manifestStream: `SF_CKPT_BENCH_${r}` });
+      const [tStore, stored] = await timed(() => storeLayer(upper, store));
+      ours.push(tStore);
+      firstStoredBytes = stored.stats.storedBytes;
+
+      // Peer: docker commit + docker save (to a file on the same disk).
+      const archive = join(scratch, `commit-${r}.tar`);
+      const [tCommitSave, committed] = await timed(async () => {
+        const c = (await source.commit({ repo: 'bench-commit', tag: String(r) })) as { Id: string };
+        await pipeline(await a.docker.getImage(c.Id).get(), createWriteStream(archive));
+        return c.Id;
+      });
+      commitSave.push(tCommitSave);
+
+      // Ours restore on host B: docker create from the same base image id, then fetch+verify+extract.
+      const [tCreate, target] = await timed(() => createSandbox(b.docker, image.imageId, `bench-restore-${r}`));
+      const targetUpper = await upperDirOf(target);
+      const [tFetch] = await timed(() => fetchLayer(stored.layer, store, targetUpper));
+      oursRestore.push(tCreate + tFetch);
+      capturePhases.push({ capture_store_s: tStore, fetch_restore_s: tFetch, create_s: tCreate });
+
+      // Peer restore on host B: docker load of the committed image + docker create.
+      const [tLoadCreate] = await timed(async () => {
+        const { createReadStream } = await import('node:fs');
+        const out = await b.docker.loadImage(createReadStream(archive));
+        await new Promise<void>((resolve, reject) => b.docker.modem.followProgress(out, (err) => (err ? reject(err) : resolve())));
+        await createSandbox(b.docker, committed, `bench-peer-${r}`);
+      });
+      loadCreate.push(tLoadCreate);
+
+      // Clean up this round's peer artefacts so the next round starts equal.
+      await b.docker.getContainer(`bench-peer-${r}`).remove({ force: true });
+      await target.remove({ force: true });
+      await b.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
+      await a.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
+      await rm(archive, { force: true });
+      if (lastStore) await nc.jetstreamManager().then((m) => m.streams.delete(`SF_CHUNKS_BENCH_${r - 1}`)).catch(() => undefined);
+      lastStore = store;
+    }
+
+    // Incremental: append 1 MiB to the session history, checkpoint again into the last round's store.
+    await appendFile(jsonl, Buffer.alloc(MiB, '{"type":"user","message":"more"}\n'));
+    const [tIncr, incr] = await timed(() => storeLayer(upper, lastStore as ChunkStore));
+
+    const result = {
+      benchmark: 'checkpoint',
+      when: new Date().toISOString(),
+      rounds,
+      layer_bytes: layerBytes,
+      layer_mix: { random_mib: randomMiB, jsonl_mib: jsonlMiB },
+      raw_tar_openssl_s: median(raw),
+      capture_store_s: median(ours),
+      docker_commit_save_s: median(commitSave),
+      restore_s: median(oursRestore),
+      docker_load_create_s: median(loadCreate),
+      capture_speedup_vs_commit_save: median(commitSave) / median(ours),
+      restore_speedup_vs_load_create: median(loadCreate) / median(oursRestore),
+      fraction_of_raw_limit: median(raw) / median(ours),
+      incremental_s: tIncr,
+      incremental_stored_bytes: incr.stats.storedBytes,
+      first_stored_bytes: firstStoredBytes,
+      incremental_bytes_fraction: incr.stats.storedBytes / firstStoredBytes,
+      phases: capturePhases,
+      samples: { raw, ours, commitSave, oursRestore, loadCreate },
+      machine: { cpus: (await import('node:os')).cpus().length, loadavg: (await import('node:os')).loadavg() },
+      targets: { capture_speedup_vs_commit_save: '>= 3', restore_speedup_vs_load_create: '>= 2', incremental_bytes_fraction: '<= 0.05' },
+    };
+    await mkdir('bench/results', { recursive: true });
+    await writeFile('bench/results/checkpoint.json', JSON.stringify(result, null, 2) + '\n');
+    console.log(JSON.stringify({ ...result, samples: undefined, phases: undefined }, null, 2));
+  } finally {
+    await nats?.cleanup();
+    await destroyAll(hosts);
+    await rm(scratch, { recursive: true, force: true });
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});

@@ -1,0 +1,52 @@
+// Host liveness and lease decisions (R-H3, R-H4), run by the leader each pass. Silence is judged by
+// core's assessLiveness with a stall guard owned by this loop: a fresh leader, a long gap between
+// passes (this process stalled) or a NATS outage suspends SUSPECT/DEAD decisions until a full TTL of
+// fresh heartbeats had the chance to arrive, so a control-plane or NATS stall never mass-evicts.
+import { assessLiveness, createStallGuard, observeNats, observeTick, shouldDrain, type LivenessConfig, type StallGuard } from '../core/index.ts';
+import { listHosts } from './fleet.ts';
+import { applyHostEvent } from './hosts.ts';
+import { Keys, type ControlPlaneContext } from './state.ts';
+
+export class LivenessLoop {
+  #guard: StallGuard;
+  readonly #cfg: LivenessConfig;
+
+  constructor(private readonly ctx: ControlPlaneContext) {
+    this.#cfg = { ttlMs: ctx.config.heartbeatTtlMs, graceMs: ctx.config.deadGraceMs, stallThresholdMs: ctx.config.stallThresholdMs };
+    this.#guard = createStallGuard(ctx.now());
+  }
+
+  /** Called when this replica becomes leader: it has observed nothing yet. */
+  reset(): void {
+    this.#guard = createStallGuard(this.ctx.now());
+  }
+
+  natsAvailable(available: boolean): void {
+    this.#guard = observeNats(this.#guard, available, this.ctx.now());
+  }
+
+  async tick(): Promise<void> {
+    const now = this.ctx.now();
+    this.#guard = observeTick(this.#guard, now, this.#cfg);
+    for (const { value: host } of await listHosts(this.ctx)) {
+      const lc = host.lifecycle;
+      const id = host.hostId;
+      if (lc.state === 'READY' && shouldDrain({ epoch: lc.epoch, expiresAtMs: host.leaseExpiresAtMs }, now, this.ctx.config.drainMarginMs)) {
+        await applyHostEvent(this.ctx, id, { type: 'drain_requested', source: 'lease_ending' }, 'lease term ends within the drain margin', lc.epoch);
+        continue;
+      }
+      if (lc.state !== 'READY' && lc.state !== 'DRAINING' && lc.state !== 'SUSPECT') continue;
+      const hb = (await this.ctx.repos.heartbeats.get(Keys.host(id)))?.value;
+      const last = hb !== undefined && hb.epoch === lc.epoch ? hb.receivedAtMs : host.registeredAtMs;
+      this.ctx.metrics.heartbeatAge.set({ host: id }, Math.max(0, (now - last) / 1000));
+      const verdict = assessLiveness(last, now, this.#cfg, this.#guard);
+      if (verdict.verdict === 'suspect' || (verdict.verdict === 'dead' && lc.state !== 'SUSPECT')) {
+        if (lc.state !== 'SUSPECT') await applyHostEvent(this.ctx, id, { type: 'heartbeat_missed' }, `no heartbeat for ${verdict.silentForMs} ms`, lc.epoch);
+      } else if (verdict.verdict === 'dead') {
+        await applyHostEvent(this.ctx, id, { type: 'declared_dead', source: 'heartbeat_lost' }, `no heartbeat for ${verdict.silentForMs} ms`, lc.epoch);
+      } else if (verdict.verdict === 'suspended') {
+        this.ctx.logger.debug({ hostId: id, reason: verdict.reason }, 'liveness decisions suspended');
+      }
+    }
+  }
+}

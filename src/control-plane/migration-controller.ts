@@ -1,0 +1,307 @@
+// The migration controller (R-G3..R-G7, R-H4, R-H5, R-R1, R-R3): a reconcile loop over persisted
+// state. A host going away marks each of its groups with an evacuation (the intent, written BEFORE
+// anything is done); each pass then advances every marked group by one idempotent step:
+//   planned  : wait (bounded) for no turn in flight → clean stop → checkpoint → choose target →
+//              migration_started (CAS) → restore on the target (agent proves it) → migration_completed
+//              (CAS, new placement generation) → delete on the source;
+//   unplanned: decideOnHostLoss — restore if STOPPED clean with a recent, recoverable checkpoint
+//              (every blob re-read and digest-verified), LOST with the reason otherwise.
+// A failed restore is retried on another host a bounded number of times, then LOST restore_failed.
+// Agent command ids are derived from the step, so a new leader repeating a step gets the first answer.
+import {
+  assessCheckpoint,
+  decideAfterRestoreFailure,
+  decideOnHostLoss,
+  onRestored,
+  type CheckpointAssessment,
+  type LossReason,
+  type RemovalSource,
+} from '../core/index.ts';
+import { AgentCommandFailed } from './agent-client.ts';
+import { manifestToProto, verifyCheckpoint } from './checkpoints.ts';
+import { candidates, describeError, isTerminal, listGroups, listHosts } from './fleet.ts';
+import { GroupOps } from './group-ops.ts';
+import { applyHostEvent } from './hosts.ts';
+import { chooseHost } from './placement.ts';
+import type { Evacuation, GroupRecord, HostRecord } from './records.ts';
+import { Keys, type ControlPlaneContext } from './state.ts';
+
+/** What one step did: `progress` means call again, `waiting` means nothing to do until later. */
+export type StepResult = 'progress' | 'waiting' | 'done';
+
+/** A crash point for tests (R-R3): thrown at step boundaries to kill a leader mid-migration. */
+export type StepHook = (step: string, groupId: string) => void | Promise<void>;
+
+export class MigrationController {
+  readonly #ops: GroupOps;
+  readonly #inProgress = new Set<string>();
+
+  constructor(
+    private readonly ctx: ControlPlaneContext,
+    private readonly hook: StepHook = () => undefined,
+  ) {
+    this.#ops = new GroupOps(ctx);
+  }
+
+  /** One reconcile pass over hosts and groups. Safe to run repeatedly and from a fresh leader. */
+  async reconcile(): Promise<void> {
+    const hosts = (await listHosts(this.ctx)).map((e) => e.value);
+    const byId = new Map(hosts.map((h) => [h.hostId, h]));
+    let groups = (await listGroups(this.ctx)).map((e) => e.value);
+
+    // 1. Mark groups on hosts that are going away (the intent comes first, R-R3).
+    for (const g of groups) {
+      if (isTerminal(g)) continue;
+      const host = byId.get(g.lifecycle.hostId);
+      const wanted = evacuationFor(host);
+      if (wanted === undefined) continue;
+      if (g.evacuation?.kind === wanted.kind || (g.evacuation?.kind === 'unplanned')) continue;
+      await this.#markEvacuation(g.groupId, wanted.kind, wanted.source, g.lifecycle.hostId);
+    }
+
+    // 2. Advance marked groups with bounded parallelism.
+    groups = (await listGroups(this.ctx)).map((e) => e.value);
+    const work = groups.filter((g) => g.evacuation !== undefined || g.lifecycle.state === 'MIGRATING');
+    const queue = [...work];
+    const worker = async () => {
+      for (let g = queue.shift(); g !== undefined; g = queue.shift()) {
+        if (this.#inProgress.has(g.groupId)) continue;
+        this.#inProgress.add(g.groupId);
+        try {
+          for (let i = 0; i < 16; i++) if ((await this.step(g.groupId)) !== 'progress') break;
+        } catch (err) {
+          this.ctx.logger.warn({ groupId: g.groupId, ...describeError(err) }, 'migration step failed; retried next pass');
+        } finally {
+          this.#inProgress.delete(g.groupId);
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: this.ctx.config.migrationParallelism }, worker));
+
+    // 3. A draining host that holds nothing any more is removed for this epoch (R-H5).
+    const remaining = (await listGroups(this.ctx)).map((e) => e.value);
+    for (const h of hosts) {
+      if (h.lifecycle.state !== 'DRAINING') continue;
+      const holds = remaining.some((g) => !isTerminal(g) && (g.lifecycle.hostId === h.hostId || g.lifecycle.migration?.targetHostId === h.hostId));
+      if (!holds) await applyHostEvent(this.ctx, h.hostId, { type: 'removed' }, `drained (${h.lifecycle.goingAway ?? 'drain'})`, h.lifecycle.epoch);
+    }
+    this.#gauges(hosts, remaining);
+  }
+
+  #gauges(hosts: readonly HostRecord[], groups: readonly GroupRecord[]): void {
+    const { metrics } = this.ctx;
+    for (const s of ['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']) metrics.hosts.set({ state: s }, hosts.filter((h) => h.lifecycle.state === s).length);
+    for (const s of ['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']) metrics.groups.set({ state: s }, groups.filter((g) => g.lifecycle.state === s).length);
+  }
+
+  async #markEvacuation(groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<void> {
+    const now = this.ctx.now();
+    let marked = false;
+    await this.ctx.repos.groups.mutate(Keys.group(groupId), (g) => {
+      marked = false;
+      if (g === undefined || isTerminal(g) || g.lifecycle.hostId !== sourceHostId) return undefined;
+      if (g.evacuation?.kind === 'unplanned' || g.evacuation?.kind === kind) return undefined;
+      marked = true;
+      const evacuation: Evacuation = {
+        kind,
+        source,
+        sourceHostId,
+        startedAtMs: g.evacuation?.startedAtMs ?? now,
+        deadlineMs: (g.evacuation?.startedAtMs ?? now) + this.ctx.config.evacuationDeadlineMs,
+        attempts: g.evacuation?.attempts ?? 0,
+        triedHostIds: g.evacuation?.triedHostIds ?? [],
+      };
+      return { ...g, evacuation, updatedAtMs: now };
+    });
+    if (marked) {
+      await this.ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } });
+    }
+  }
+
+  /** Advance one group by one step. */
+  async step(groupId: string): Promise<StepResult> {
+    const current = await this.ctx.repos.groups.get(Keys.group(groupId));
+    if (current === undefined) return 'done';
+    const g = current.value;
+    const ev = g.evacuation;
+    const lc = g.lifecycle;
+    if (isTerminal(g)) {
+      if (ev !== undefined) await this.#clearEvacuation(groupId);
+      return 'done';
+    }
+    if (lc.state === 'MIGRATING') return this.#restore(g);
+    if (ev === undefined) return 'done';
+    const now = this.ctx.now();
+
+    switch (lc.state) {
+      case 'PENDING':
+      case 'RUNNING':
+      case 'STOPPING': {
+        if (ev.kind === 'unplanned') return this.#lose(g, 'host_lost_running', `host ${ev.sourceHostId} lost (${ev.source}) while ${lc.state}`);
+        if (lc.state === 'PENDING') return now > ev.deadlineMs ? this.#lose(g, 'host_lost_running', 'never started before the host went away') : 'waiting';
+        // Planned: a turn in flight gets a bounded wait to finish, then the stop goes ahead (R-H4).
+        const inFlight = g.members.some((m) => m.session.phase === 'IN_TURN');
+        if (lc.state === 'RUNNING' && inFlight && now < ev.startedAtMs + this.ctx.config.turnWaitMs) return 'waiting';
+        await this.hook('before_stop', groupId);
+        await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, `evacuation: ${ev.source}`);
+        await this.hook('after_stop', groupId);
+        return 'progress';
+      }
+      case 'STOPPED': {
+        if (!lc.stop?.clean) return this.#lose(g, 'unclean_stop', 'last stop was unclean: it cannot be migrated (R-G2)');
+        return this.#planRestore(g, ev);
+      }
+      default:
+        return 'done';
+    }
+  }
+
+  /** STOPPED clean on a departing host: find (or take) a checkpoint, pick a target, write the intent. */
+  async #planRestore(g: GroupRecord, ev: Evacuation): Promise<StepResult> {
+    const lc = g.lifecycle;
+    const now = this.ctx.now();
+    let record = g.latestCheckpointId === undefined ? undefined : (await this.ctx.repos.checkpoints.get(Keys.checkpoint(g.groupId, g.latestCheckpointId)))?.value;
+    if (ev.kind === 'planned' && (record === undefined || record.activityVersion !== lc.activityVersion)) {
+      // The source still runs: take the checkpoint now (R-G3 "before migration").
+      await this.hook('before_checkpoint', g.groupId);
+      try {
+        record = await this.#ops.checkpoint(g.groupId);
+      } catch (err) {
+        this.ctx.logger.warn({ groupId: g.groupId, ...describeError(err) }, 'checkpoint on departing host failed');
+        return now > ev.deadlineMs ? this.#lose(g, 'no_checkpoint', 'no checkpoint could be taken before the deadline') : 'waiting';
+      }
+      await this.hook('after_checkpoint', g.groupId);
+    }
+
+    const hosts = (await listHosts(this.ctx)).map((e) => e.value);
+    const groups = (await listGroups(this.ctx)).map((e) => e.value);
+    const exclude = new Set([ev.sourceHostId, lc.hostId, ...ev.triedHostIds]);
+    const target = record === undefined ? undefined : chooseHost(candidates(hosts, groups), { members: g.members.length, exclude, imageDigest: record.baseImageDigest, bridgeVersion: record.bridgeVersion });
+
+    let assessment: CheckpointAssessment | undefined;
+    if (record !== undefined) {
+      // Every blob re-read and digest-verified right before use (R-G4, R-R2).
+      const { summary } = await verifyCheckpoint(this.ctx.chunks, record);
+      const targetView = target === undefined
+        ? { imageDigests: new Set([record.baseImageDigest]), bridgeVersion: record.bridgeVersion }
+        : { imageDigests: new Set([target.imageDigest]), bridgeVersion: target.bridgeVersion ?? -1 };
+      assessment = assessCheckpoint(
+        { groupId: g.groupId, activityVersion: lc.activityVersion, lastActivityAtMs: lc.lastActivityAtMs, memberIds: g.members.map((m) => m.session.memberId) },
+        summary, targetView, now, this.ctx.config.checkpointMaxAgeMs,
+      );
+    }
+    const decision = decideOnHostLoss(lc, assessment, { attempts: ev.attempts, maxAttempts: this.ctx.config.restoreMaxAttempts });
+    if (decision.action === 'none') return 'done';
+    if (decision.action === 'lost') return this.#lose(g, decision.reason, `checkpoint assessment: ${assessment && !assessment.usable ? assessment.reasons.join(',') : decision.reason}`);
+    if (target === undefined) {
+      return now > ev.deadlineMs ? this.#lose(g, 'no_eligible_host', 'no READY host with the same image and bridge version before the deadline') : 'waiting';
+    }
+    await this.hook('before_intent', g.groupId);
+    const usable = assessment as CheckpointAssessment & { usable: true };
+    await this.#ops.transition(g.groupId, { type: 'migration_started', targetHostId: target.hostId, assessment: usable }, `evacuation: ${ev.source}`,
+      (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion);
+    await this.hook('after_intent', g.groupId);
+    return 'progress';
+  }
+
+  /** MIGRATING: restore on the target; prove it; switch placement by CAS (R-G5). */
+  async #restore(g: GroupRecord): Promise<StepResult> {
+    const lc = g.lifecycle;
+    const mig = lc.migration!;
+    const ev = g.evacuation;
+    const started = this.ctx.now();
+    const target = (await this.ctx.repos.hosts.get(Keys.host(mig.targetHostId)))?.value;
+    const record = (await this.ctx.repos.checkpoints.get(Keys.checkpoint(g.groupId, mig.checkpointId)))?.value;
+    const newGeneration = lc.generation + 1;
+    let failure: string | undefined;
+    let restored: { memberId: string; containerId: string }[] = [];
+    if (target === undefined || target.lifecycle.state !== 'READY') failure = `target ${mig.targetHostId} is ${target?.lifecycle.state ?? 'gone'}`;
+    else if (record === undefined) failure = 'checkpoint index record missing';
+    else {
+      const { summary, manifest } = await verifyCheckpoint(this.ctx.chunks, record);
+      if (manifest === undefined || summary.members.some((m) => !m.blobPresent || !m.digestVerified)) {
+        // Corrupted since it was assessed: never restore from it (R-R2).
+        return this.#lose(g, 'checkpoint_corrupt', 'a checkpoint blob failed verification before restore');
+      }
+      await this.hook('before_restore', g.groupId);
+      try {
+        const res = await this.ctx.agents.send(
+          { hostId: target.hostId, epoch: target.lifecycle.epoch, generation: newGeneration },
+          `restore-${mig.checkpointId}-${target.hostId}-g${newGeneration}`,
+          { $case: 'restore', value: { groupId: g.groupId, manifest: manifestToProto(manifest, record) } },
+          'restore',
+        );
+        if (!res.verified || res.members.some((m) => !m.sessionFilesPresent)) failure = `restore not verified (missing: ${res.members.flatMap((m) => m.missingPaths).slice(0, 4).join(',')})`;
+        restored = res.members.map((m) => ({ memberId: m.memberId, containerId: m.containerId }));
+      } catch (err) {
+        failure = err instanceof AgentCommandFailed ? `${err.outcome}: ${err.reason}` : describeError(err).message as string;
+      }
+      await this.hook('after_restore', g.groupId);
+    }
+
+    if (failure === undefined) {
+      const done = await this.#ops.transition(g.groupId, { type: 'migration_completed', targetHostId: mig.targetHostId }, `restored from ${mig.checkpointId}`,
+        (c) => c.lifecycle.state === 'MIGRATING' && c.lifecycle.generation === lc.generation && c.lifecycle.migration?.targetHostId === mig.targetHostId,
+        (c) => ({
+          evacuation: undefined,
+          members: c.members.map((m) => ({ ...m, session: onRestored(m.session), turnProcess: undefined, containerId: restored.find((r) => r.memberId === m.session.memberId)?.containerId ?? m.containerId })),
+        }));
+      if (done !== undefined) {
+        const seconds = (this.ctx.now() - (ev?.startedAtMs ?? started)) / 1000;
+        this.ctx.metrics.migrations.inc({ result: 'succeeded' });
+        this.ctx.metrics.migrationDuration.observe({ result: 'succeeded' }, seconds);
+        this.ctx.metrics.checkpointDuration.observe({ phase: 'restore' }, (this.ctx.now() - started) / 1000);
+        await this.hook('after_switch', g.groupId);
+        // The source no longer owns the group; if it is unreachable it deletes it when it re-registers (R-H6).
+        if (ev?.kind === 'planned') await this.#ops.deleteOn(lc.hostId, g.groupId, lc.generation, 'migrated');
+      }
+      return 'done';
+    }
+
+    // Roll back to STOPPED on the source and try elsewhere, within the budget (R-G5).
+    this.ctx.logger.warn({ groupId: g.groupId, target: mig.targetHostId, failure }, 'restore failed');
+    this.ctx.metrics.migrations.inc({ result: 'restore_failed' });
+    if (target !== undefined && target.lifecycle.state === 'READY') await this.#ops.deleteOn(target.hostId, g.groupId, newGeneration, 'restore_failed');
+    const attempts = (ev?.attempts ?? 0) + 1;
+    const next = decideAfterRestoreFailure({ attempts, maxAttempts: this.ctx.config.restoreMaxAttempts });
+    const now = this.ctx.now();
+    const aborted = await this.#ops.transition(g.groupId, { type: 'migration_aborted' }, `restore on ${mig.targetHostId} failed: ${failure}`,
+      (c) => c.lifecycle.state === 'MIGRATING' && c.lifecycle.generation === lc.generation,
+      (c) => ({
+        evacuation: {
+          kind: c.evacuation?.kind ?? 'planned',
+          source: c.evacuation?.source ?? 'operator_drain',
+          sourceHostId: c.evacuation?.sourceHostId ?? lc.hostId,
+          startedAtMs: c.evacuation?.startedAtMs ?? now,
+          deadlineMs: c.evacuation?.deadlineMs ?? now + this.ctx.config.evacuationDeadlineMs,
+          attempts,
+          triedHostIds: [...(c.evacuation?.triedHostIds ?? []), mig.targetHostId].slice(-32),
+        },
+      }));
+    if (aborted !== undefined && next.action === 'lost') return this.#lose(aborted, 'restore_failed', `restore failed on ${attempts} host(s)`);
+    return 'progress';
+  }
+
+  async #lose(g: GroupRecord, reason: LossReason, why: string): Promise<StepResult> {
+    await this.hook('before_lost', g.groupId);
+    await this.#ops.declareLost(g.groupId, reason, why);
+    this.ctx.metrics.migrations.inc({ result: 'lost' });
+    return 'done';
+  }
+
+  async #clearEvacuation(groupId: string): Promise<void> {
+    await this.ctx.repos.groups.mutate(Keys.group(groupId), (g) => (g === undefined || g.evacuation === undefined ? undefined : { ...g, evacuation: undefined, updatedAtMs: this.ctx.now() }));
+  }
+}
+
+/** Which evacuation a host's state calls for (R-H4, R-H5, R-G6). */
+export function evacuationFor(host: HostRecord | undefined): { kind: Evacuation['kind']; source: RemovalSource } | undefined {
+  if (host === undefined) return { kind: 'unplanned', source: 'heartbeat_lost' };
+  const lc = host.lifecycle;
+  switch (lc.state) {
+    case 'DEAD': return { kind: 'unplanned', source: lc.goingAway ?? 'heartbeat_lost' };
+    case 'DRAINING': return { kind: 'planned', source: lc.goingAway ?? 'operator_drain' };
+    case 'REMOVED': return { kind: 'unplanned', source: lc.goingAway ?? 'operator_remove' };
+    default: return undefined;
+  }
+}

@@ -1,0 +1,122 @@
+// Test harness for control-plane integration tests: a real nats-server, real dockerd hosts with
+// one sandbox image (same id everywhere), real host agents (in-process, their own NATS
+// connections) and real ControlPlane replicas over the same state store. Nothing is mocked; the
+// test drives the control plane through its RunnerBackend and operator actions.
+import type { NatsConnection } from '@nats-io/transport-node';
+import { ControlPlaneConfigSchema, type ControlPlaneConfig } from '../../../src/config/control-plane.ts';
+import { CONTROL_PLANE_BUCKETS, type ControlPlaneBuckets } from '../../../src/control-plane/buckets.ts';
+import { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import type { StepHook } from '../../../src/control-plane/migration-controller.ts';
+import type { GroupRecord, HostRecord } from '../../../src/control-plane/records.ts';
+import { Keys } from '../../../src/control-plane/state.ts';
+import { API_SHA } from '../../../src/gen/api-sha.ts';
+import { createLogger } from '../../../src/observability/logger.ts';
+import { FleetMetrics } from '../../../src/observability/metrics.ts';
+import { ChunkStore } from '../../../src/store/chunk-store.ts';
+import { StateStore } from '../../../src/store/connection.ts';
+import { startAgent, TEST_AGENT_SHA, type InProcessAgent } from '../../support/agent.ts';
+import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
+import { startTestNats, type TestNats } from '../../support/nats.ts';
+import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
+
+export const FAST_CONFIG: Partial<ControlPlaneConfig> = {
+  heartbeatIntervalMs: 500,
+  heartbeatTtlMs: 3_000,
+  deadGraceMs: 2_000,
+  stallThresholdMs: 5_000,
+  reconcileIntervalMs: 250,
+  stopGraceMs: 5_000,
+  turnWaitMs: 3_000,
+  evacuationDeadlineMs: 30_000,
+  agentCommandTimeoutMs: 60_000,
+  leaderRenewMs: 1_000,
+};
+
+export interface Fleet {
+  readonly nats: TestNats;
+  readonly hosts: DockerHost[];
+  readonly image: SandboxImage;
+  readonly nc: NatsConnection;
+  readonly store: StateStore<ControlPlaneBuckets>;
+  readonly chunks: ChunkStore;
+  readonly config: ControlPlaneConfig;
+  readonly agents: Map<string, InProcessAgent>;
+  readonly planes: ControlPlane[];
+  startPlane(opts?: { replicaId?: string; stepHook?: StepHook; autoReconcile?: boolean; metrics?: FleetMetrics }): Promise<ControlPlane>;
+  startAgentOn(hostId: string, index: number, overrides?: Record<string, unknown>): Promise<InProcessAgent>;
+  stopAgent(hostId: string): Promise<void>;
+  group(groupId: string): Promise<GroupRecord>;
+  host(hostId: string): Promise<HostRecord>;
+  waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs?: number): Promise<T>;
+  cleanup(): Promise<void>;
+}
+
+export async function startFleet(hostCount: number, configOverrides: Partial<ControlPlaneConfig> = {}): Promise<Fleet> {
+  const [nats, hosts] = await Promise.all([startTestNats(), startDockerHosts(hostCount)]);
+  const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
+  const nc = await nats.connect('control-plane');
+  const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
+  const chunks = await ChunkStore.open(nc);
+  const config = ControlPlaneConfigSchema.parse({ ...FAST_CONFIG, allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId], ...configOverrides });
+  const agents = new Map<string, InProcessAgent>();
+  const planes: ControlPlane[] = [];
+  const fleet: Fleet = {
+    nats, hosts, image, nc, store, chunks, config, agents, planes,
+    async startPlane(opts = {}) {
+      const plane = new ControlPlane({
+        config, nc, store, chunks, metrics: opts.metrics ?? new FleetMetrics(), logger: createLogger({ name: 'cp-test', level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA,
+        replicaId: opts.replicaId ?? `cp-${planes.length + 1}`,
+        ...(opts.stepHook ? { stepHook: opts.stepHook } : {}),
+        ...(opts.autoReconcile !== undefined ? { autoReconcile: opts.autoReconcile } : {}),
+      });
+      plane.start();
+      planes.push(plane);
+      return plane;
+    },
+    async startAgentOn(hostId, index, overrides = {}) {
+      const agent = await startAgent(await nats.connect(hostId), { hostId, natsUrl: nats.server.url, host: hosts[index]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, ...overrides } });
+      agents.set(hostId, agent);
+      return agent;
+    },
+    async stopAgent(hostId) {
+      await agents.get(hostId)?.stop();
+      agents.delete(hostId);
+    },
+    async group(groupId) {
+      const g = await store.repository('groups', (await import('../../../src/control-plane/records.ts')).GroupRecordSchema).get(Keys.group(groupId));
+      if (!g) throw new Error(`no group ${groupId}`);
+      return g.value;
+    },
+    async host(hostId) {
+      const h = await store.repository('hosts', (await import('../../../src/control-plane/records.ts')).HostRecordSchema).get(Keys.host(hostId));
+      if (!h) throw new Error(`no host ${hostId}`);
+      return h.value;
+    },
+    async waitFor(what, probe, timeoutMs = 60_000) {
+      const end = Date.now() + timeoutMs;
+      let last: unknown;
+      while (Date.now() < end) {
+        try {
+          const v = await probe();
+          if (v !== undefined) return v;
+        } catch (err) {
+          last = err;
+        }
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+    },
+    async cleanup() {
+      await Promise.allSettled(planes.map((p) => p.stop()));
+      await Promise.allSettled([...agents.values()].map((a) => a.stop()));
+      await nats.cleanup();
+      await destroyAll(hosts);
+    },
+  };
+  return fleet;
+}
+
+/** Turn-end evidence of a successful native turn (what the runner SDK reports). */
+export const SUCCESS = {
+  kind: 'result' as const, nativeTurnEnded: true, succeeded: true, cleanupFinished: true, transportUsable: true, locatorUsable: true, processExited: false, exitConfirmed: false,
+};

@@ -1,0 +1,396 @@
+// The Helm chart (R-I5) and its alert rules (R-I4), checked with the real tools: `helm lint
+// --strict`, `helm template` parsed and inspected object by object, the values schema refusing
+// bad values, the embedded NATS config accepted by the pinned nats-server, and the one rule file
+// both checked and unit-tested by promtool — including a wrong expectation that must fail, so
+// this test can fail. No Kubernetes API server here: installing the chart is a later issue.
+import { execFile } from 'node:child_process';
+import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { parse, parseAllDocuments } from 'yaml';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { toolPath } from '../../../src/config/tools.ts';
+import { FleetMetrics } from '../../../src/observability/metrics.ts';
+
+const CHART = resolve('helm/sandbox-fleet');
+const ALERTS = join(CHART, 'files/alerts.yaml');
+const ALERT_TESTS = join(CHART, 'tests/alerts.test.yaml');
+const PRODUCTION_VALUES = join(CHART, 'ci/production-values.yaml');
+const RELEASE = 'sf';
+const NAMESPACE = 'fleet';
+const FULLNAME = 'sf-sandbox-fleet';
+// This helm build defaults to Kubernetes v1.20 when no cluster is reachable; the chart needs ≥1.27.
+const KUBE_VERSION = '1.31.0';
+
+interface Run {
+  readonly code: number;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+/** Runs a tool and reports its exit code instead of throwing, so refusals can be asserted. */
+function run(file: string, args: readonly string[], cwd = CHART): Promise<Run> {
+  return new Promise((done) => {
+    execFile(file, args, { cwd, maxBuffer: 16 * 1024 * 1024, timeout: 60_000 }, (err, stdout, stderr) => {
+      const code = err === null ? 0 : typeof err.code === 'number' ? err.code : 1;
+      done({ code, stdout, stderr });
+    });
+  });
+}
+
+// Kubernetes objects are read structurally; these are the few fields the assertions touch.
+type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+async function template(args: readonly string[] = []): Promise<Obj[]> {
+  const r = await run(helm, ['template', RELEASE, CHART, '--namespace', NAMESPACE, '--kube-version', KUBE_VERSION, ...args]);
+  expect(r.stderr).toBe('');
+  expect(r.code).toBe(0);
+  return parseAllDocuments(r.stdout)
+    .map((doc) => {
+      expect(doc.errors).toEqual([]);
+      return doc.toJS() as Obj | null;
+    })
+    .filter((o): o is Obj => o !== null);
+}
+
+function find(objects: Obj[], kind: string, name: string): Obj {
+  const found = objects.find((o) => o.kind === kind && o.metadata.name === name);
+  if (!found) throw new Error(`no ${kind}/${name} in ${objects.map((o) => `${o.kind}/${o.metadata.name}`).join(', ')}`);
+  return found;
+}
+
+/** The one container of a pod spec (every workload of this chart has exactly one). */
+function container(pod: Obj): Obj {
+  const containers = pod.containers as Obj[];
+  expect(containers).toHaveLength(1);
+  return containers[0] as Obj;
+}
+
+function env(container: Obj): Map<string, Obj> {
+  return new Map((container.env as Obj[]).map((e) => [e.name as string, e]));
+}
+
+let helm: string;
+let promtool: string;
+let natsServer: string;
+let scratch: string;
+
+beforeAll(async () => {
+  helm = toolPath('helm');
+  promtool = toolPath('promtool');
+  natsServer = toolPath('nats-server');
+  scratch = await mkdtemp(join(tmpdir(), 'sf-helm-'));
+});
+
+afterAll(async () => {
+  await rm(scratch, { recursive: true, force: true });
+});
+
+describe('helm lint', () => {
+  it('passes --strict with the default and the production values', async () => {
+    for (const extra of [[], ['-f', PRODUCTION_VALUES]]) {
+      const r = await run(helm, ['lint', '--strict', CHART, ...extra]);
+      expect(r.code, r.stdout + r.stderr).toBe(0);
+      expect(r.stdout).toContain('0 chart(s) failed');
+    }
+  });
+});
+
+describe('helm package', () => {
+  it('packages the rule file the PrometheusRule reads, and leaves the promtool tests and CI values out', async () => {
+    const out = join(scratch, 'package');
+    const r = await run(helm, ['package', CHART, '--destination', out]);
+    expect(r.code, r.stderr).toBe(0);
+    const list = await run('tar', ['-tzf', join(out, 'sandbox-fleet-0.1.0.tgz')], scratch);
+    expect(list.code).toBe(0);
+    const files = list.stdout.split('\n').filter(Boolean);
+    expect(files).toEqual(expect.arrayContaining(['sandbox-fleet/files/alerts.yaml', 'sandbox-fleet/values.schema.json', 'sandbox-fleet/templates/NOTES.txt']));
+    expect(files.filter((f) => f.startsWith('sandbox-fleet/tests/') || f.startsWith('sandbox-fleet/ci/'))).toEqual([]);
+  });
+});
+
+describe('helm template with default values', () => {
+  let objects: Obj[];
+  beforeAll(async () => {
+    objects = await template();
+  });
+
+  it('renders the expected objects and nothing behind a disabled flag', () => {
+    const names = objects.map((o) => `${o.kind}/${o.metadata.name}`).sort();
+    expect(names).toEqual(
+      [
+        'ClusterRole/fleet-sf-sandbox-fleet-node-reader',
+        'ClusterRoleBinding/fleet-sf-sandbox-fleet-node-reader',
+        'ConfigMap/sf-sandbox-fleet-nats',
+        'DaemonSet/sf-sandbox-fleet-host-agent',
+        'Deployment/sf-sandbox-fleet-control-plane',
+        'PodDisruptionBudget/sf-sandbox-fleet-control-plane',
+        'Role/sf-sandbox-fleet-leader-election',
+        'RoleBinding/sf-sandbox-fleet-leader-election',
+        'Service/sf-sandbox-fleet-control-plane',
+        'Service/sf-sandbox-fleet-host-agent',
+        'Service/sf-sandbox-fleet-nats',
+        'ServiceAccount/sf-sandbox-fleet-control-plane',
+        'ServiceAccount/sf-sandbox-fleet-host-agent',
+        'StatefulSet/sf-sandbox-fleet-nats',
+      ].sort(),
+    );
+    for (const o of objects) {
+      expect(o.metadata.labels['app.kubernetes.io/instance']).toBe(RELEASE);
+      if (o.kind !== 'ClusterRole' && o.kind !== 'ClusterRoleBinding') expect(o.metadata.namespace).toBe(NAMESPACE);
+    }
+  });
+
+  it('runs the control plane as ≥2 hardened, probed, spread replicas wired to NATS and mTLS', () => {
+    const deploy = find(objects, 'Deployment', `${FULLNAME}-control-plane`);
+    expect(deploy.spec.replicas).toBe(2);
+    const pod = deploy.spec.template.spec;
+    expect(pod.serviceAccountName).toBe(`${FULLNAME}-control-plane`);
+    expect(pod.securityContext).toMatchObject({ runAsNonRoot: true, seccompProfile: { type: 'RuntimeDefault' } });
+    expect(pod.topologySpreadConstraints[0]).toMatchObject({ topologyKey: 'kubernetes.io/hostname', maxSkew: 1 });
+    expect(pod.topologySpreadConstraints[0].labelSelector.matchLabels).toEqual(deploy.spec.selector.matchLabels);
+
+    const c = container(pod);
+    expect(c.ports).toEqual([
+      { name: 'grpc', containerPort: 7443, protocol: 'TCP' },
+      { name: 'ops', containerPort: 9464, protocol: 'TCP' },
+    ]);
+    expect(c.livenessProbe.httpGet).toEqual({ path: '/healthz', port: 'ops' });
+    expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port: 'ops' });
+    expect(c.securityContext).toEqual({ allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } });
+    expect(c.resources.requests).toMatchObject({ cpu: '200m', memory: '256Mi' });
+
+    const e = env(c);
+    expect(e.get('SANDBOXFLEET_NATS_URL')?.value).toBe(`nats://${FULLNAME}-nats.${NAMESPACE}.svc:4222`);
+    expect(e.get('SANDBOXFLEET_STORE_REPLICAS')?.value).toBe('1');
+    expect(e.get('SANDBOXFLEET_HTTP_HOST')?.value).toBe('0.0.0.0');
+    expect(e.get('SANDBOXFLEET_HTTP_PORT')?.value).toBe('9464');
+    expect(e.get('SANDBOXFLEET_GRPC_PORT')?.value).toBe('7443');
+    expect(e.get('SANDBOXFLEET_LEASE_NAME')?.value).toBe(`${FULLNAME}-leader`);
+    expect(e.get('SANDBOXFLEET_POD_NAME')?.valueFrom).toEqual({ fieldRef: { fieldPath: 'metadata.name' } });
+    expect(e.get('SANDBOXFLEET_TLS_RUNNER_CA_FILE')?.value).toBe('/etc/sandboxfleet/runner-ca/ca.crt');
+    expect(e.get('SANDBOXFLEET_TLS_ADMIN_CA_FILE')?.value).toBe('/etc/sandboxfleet/admin-ca/ca.crt');
+    expect(e.has('SANDBOXFLEET_GRPC_INSECURE')).toBe(false);
+    const secrets = (pod.volumes as Obj[]).filter((v) => v.secret).map((v) => v.secret.secretName);
+    expect(secrets).toEqual([`${FULLNAME}-grpc-tls`, `${FULLNAME}-runner-ca`, `${FULLNAME}-admin-ca`]);
+
+    const pdb = find(objects, 'PodDisruptionBudget', `${FULLNAME}-control-plane`);
+    expect(pdb.spec).toEqual({ maxUnavailable: 1, selector: { matchLabels: deploy.spec.selector.matchLabels } });
+
+    const svc = find(objects, 'Service', `${FULLNAME}-control-plane`);
+    expect(svc.spec.selector).toEqual(deploy.spec.selector.matchLabels);
+    expect((svc.spec.ports as Obj[]).map((p) => [p.name, p.port, p.targetPort])).toEqual([
+      ['grpc', 7443, 'grpc'],
+      ['metrics', 9464, 'ops'],
+    ]);
+  });
+
+  it('grants the control plane Node reads and its own Lease, nothing more', () => {
+    const cr = find(objects, 'ClusterRole', `${NAMESPACE}-${FULLNAME}-node-reader`);
+    expect(cr.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get', 'list', 'watch'] }]);
+    const role = find(objects, 'Role', `${FULLNAME}-leader-election`);
+    expect(role.rules).toEqual([
+      { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create'] },
+      { apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: [`${FULLNAME}-leader`], verbs: ['get', 'update'] },
+    ]);
+    for (const binding of [find(objects, 'ClusterRoleBinding', `${NAMESPACE}-${FULLNAME}-node-reader`), find(objects, 'RoleBinding', `${FULLNAME}-leader-election`)]) {
+      expect(binding.subjects).toEqual([{ kind: 'ServiceAccount', name: `${FULLNAME}-control-plane`, namespace: NAMESPACE }]);
+    }
+    expect(find(objects, 'ServiceAccount', `${FULLNAME}-host-agent`).automountServiceAccountToken).toBe(false);
+  });
+
+  it('runs one privileged host agent per labelled Docker node with the socket and data root mounted', () => {
+    const ds = find(objects, 'DaemonSet', `${FULLNAME}-host-agent`);
+    const pod = ds.spec.template.spec;
+    expect(pod.nodeSelector).toEqual({ 'sandbox-fleet.io/docker-host': 'true' });
+    expect(pod.automountServiceAccountToken).toBe(false);
+    const c = container(pod);
+    expect(c.securityContext).toMatchObject({ privileged: true, readOnlyRootFilesystem: true });
+    expect(env(c).get('SANDBOXFLEET_HOST_ID')?.valueFrom).toEqual({ fieldRef: { fieldPath: 'spec.nodeName' } });
+    expect(env(c).get('SANDBOXFLEET_IMAGE_REF')?.value).toBe('sandbox-fleet/sandbox:0.1.0');
+    const volumes = new Map((pod.volumes as Obj[]).map((v) => [v.name as string, v]));
+    expect(volumes.get('docker-socket')?.hostPath).toEqual({ path: '/var/run/docker.sock', type: 'Socket' });
+    expect(volumes.get('docker-data')?.hostPath).toEqual({ path: '/var/lib/docker', type: 'Directory' });
+    const mounts = new Map((c.volumeMounts as Obj[]).map((m) => [m.name as string, m.mountPath as string]));
+    // Same path inside as on the host: the engine reports upper dirs as host paths.
+    expect(mounts.get('docker-data')).toBe('/var/lib/docker');
+    expect(mounts.get('docker-socket')).toBe('/var/run/docker.sock');
+    expect(c.livenessProbe.httpGet).toEqual({ path: '/healthz', port: 'ops' });
+    expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port: 'ops' });
+  });
+
+  it('ships an embedded NATS config that the pinned nats-server accepts', async () => {
+    const cm = find(objects, 'ConfigMap', `${FULLNAME}-nats`);
+    const conf = cm.data['nats.conf'] as string;
+    expect(conf).toMatch(/sync_interval: always/);
+    const file = join(scratch, 'nats.conf');
+    await writeFile(file, conf);
+    const r = await run(natsServer, ['-t', '-c', file]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr + r.stdout).toContain('is valid');
+    const sts = find(objects, 'StatefulSet', `${FULLNAME}-nats`);
+    expect(sts.spec.replicas).toBe(1);
+    expect(sts.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem).toBe(true);
+  });
+});
+
+describe('helm template with alerts and ServiceMonitor enabled', () => {
+  let objects: Obj[];
+  beforeAll(async () => {
+    objects = await template(['--set', 'alerts.enabled=true', '--set', 'metrics.serviceMonitor.enabled=true']);
+  });
+
+  it('ships files/alerts.yaml unchanged as the PrometheusRule, labelled for kube-prometheus-stack', async () => {
+    const rule = find(objects, 'PrometheusRule', `${FULLNAME}-alerts`);
+    expect(rule.apiVersion).toBe('monitoring.coreos.com/v1');
+    expect(rule.metadata.labels.release).toBe('kube-prometheus-stack');
+    const source = parse(await readFile(ALERTS, 'utf8')) as Obj;
+    expect(rule.spec.groups).toEqual(source.groups);
+    const alerts = (rule.spec.groups as Obj[]).flatMap((g) => (g.rules as Obj[]).map((r) => r.alert as string));
+    expect(alerts).toEqual(expect.arrayContaining(['SandboxFleetSessionsLost', 'SandboxFleetHostsUnattested', 'SandboxFleetCheckpointStale', 'SandboxFleetHeartbeatMissing']));
+    for (const r of (rule.spec.groups as Obj[]).flatMap((g) => g.rules as Obj[])) {
+      expect(Object.keys(r.annotations).sort()).toEqual(['description', 'runbook', 'summary']);
+      expect(['critical', 'warning']).toContain(r.labels.severity);
+    }
+  });
+
+  it('scrapes the control plane and agent metrics ports through matching Services', () => {
+    for (const component of ['control-plane', 'host-agent']) {
+      const sm = find(objects, 'ServiceMonitor', `${FULLNAME}-${component}`);
+      expect(sm.metadata.labels.release).toBe('kube-prometheus-stack');
+      const svc = find(objects, 'Service', `${FULLNAME}-${component}`);
+      expect(svc.metadata.labels).toMatchObject(sm.spec.selector.matchLabels);
+      expect(sm.spec.namespaceSelector).toEqual({ matchNames: [NAMESPACE] });
+      expect(sm.spec.endpoints[0]).toMatchObject({ port: 'metrics', path: '/metrics' });
+      expect((svc.spec.ports as Obj[]).some((p) => p.name === 'metrics')).toBe(true);
+    }
+  });
+
+  it('takes the Prometheus selector label from values', async () => {
+    const custom = await template(['--set', 'alerts.enabled=true', '--set', 'alerts.labels.release=monitoring', '--set', 'metrics.serviceMonitor.enabled=true', '--set', 'metrics.serviceMonitor.labels.release=monitoring']);
+    expect(find(custom, 'PrometheusRule', `${FULLNAME}-alerts`).metadata.labels.release).toBe('monitoring');
+    expect(find(custom, 'ServiceMonitor', `${FULLNAME}-control-plane`).metadata.labels.release).toBe('monitoring');
+  });
+});
+
+describe('helm template with the production values', () => {
+  it('uses the external NATS cluster with 3 store replicas, pinned digests and per-node credentials', async () => {
+    const objects = await template(['-f', PRODUCTION_VALUES]);
+    expect(objects.some((o) => o.kind === 'StatefulSet')).toBe(false);
+    const deploy = find(objects, 'Deployment', `${FULLNAME}-control-plane`);
+    expect(deploy.spec.replicas).toBe(3);
+    const cp = container(deploy.spec.template.spec);
+    expect(cp.image).toBe('registry.example.com/sandbox-fleet/control-plane@sha256:' + '1'.repeat(64));
+    expect(env(cp).get('SANDBOXFLEET_NATS_URL')?.value).toBe('nats://nats.nats.svc:4222');
+    expect(env(cp).get('SANDBOXFLEET_STORE_REPLICAS')?.value).toBe('3');
+    expect(env(cp).get('SANDBOXFLEET_NATS_CREDS')?.value).toBe('/etc/sandboxfleet/nats-creds/creds');
+    expect(env(cp).get('SANDBOXFLEET_NATS_CA')?.value).toBe('/etc/sandboxfleet/nats-ca/ca.crt');
+
+    const agent = container(find(objects, 'DaemonSet', `${FULLNAME}-host-agent`).spec.template.spec);
+    expect(env(agent).get('SANDBOXFLEET_STORE_REPLICAS')?.value).toBe('3');
+    expect(env(agent).get('SANDBOXFLEET_NATS_CREDS')?.value).toBe('/etc/sandboxfleet/nats-creds/host.creds');
+    expect(env(agent).get('SANDBOXFLEET_IMAGE_ID')?.value).toBe('sha256:' + '3'.repeat(64));
+    expect(objects.some((o) => o.kind === 'PrometheusRule')).toBe(true);
+  });
+});
+
+describe('values the chart refuses', () => {
+  async function refused(args: readonly string[]): Promise<string> {
+    const r = await run(helm, ['template', RELEASE, CHART, '--kube-version', KUBE_VERSION, ...args]);
+    expect(r.code).not.toBe(0);
+    expect(r.stdout).toBe('');
+    return r.stderr;
+  }
+
+  async function valuesFile(name: string, body: string): Promise<string> {
+    const file = join(scratch, name);
+    await writeFile(file, body);
+    return file;
+  }
+
+  it('refuses a single control-plane replica unless allowSingleReplica is set', async () => {
+    const stderr = await refused(['-f', await valuesFile('single.yaml', 'controlPlane:\n  replicas: 1\n')]);
+    expect(stderr).toMatch(/at '\/controlPlane\/replicas': minimum: got 1, want 2/);
+    const ok = await template(['--set', 'controlPlane.replicas=1', '--set', 'controlPlane.allowSingleReplica=true']);
+    expect(find(ok, 'Deployment', `${FULLNAME}-control-plane`).spec.replicas).toBe(1);
+    const lint = await run(helm, ['lint', '--strict', CHART, '--set', 'controlPlane.replicas=1']);
+    expect(lint.code).not.toBe(0);
+  });
+
+  it('refuses unknown keys at every level it defines', async () => {
+    expect(await refused(['-f', await valuesFile('typo.yaml', 'controlPlane:\n  replicaz: 3\n')])).toMatch(/at '\/controlPlane': additional properties 'replicaz' not allowed/);
+    expect(await refused(['--set', 'metricz.enabled=true'])).toMatch(/additional properties 'metricz' not allowed/);
+    expect(await refused(['--set', 'hostAgent.docker.socket=/x'])).toMatch(/at '\/hostAgent\/docker': additional properties 'socket' not allowed/);
+  });
+
+  it('refuses malformed values', async () => {
+    expect(await refused(['--set', 'nats.embedded=false', '--set', 'nats.external.url=http://nats:4222'])).toMatch(/\/nats\/external\/url/);
+    expect(await refused(['--set', 'hostAgent.sandboxImage.id=latest'])).toMatch(/\/hostAgent\/sandboxImage\/id/);
+    expect(await refused(['--set', 'controlPlane.grpcPort=70000'])).toMatch(/\/controlPlane\/grpcPort/);
+  });
+
+  it('refuses inconsistent NATS wiring with a message that says what to do', async () => {
+    expect(await refused(['--set', 'nats.embedded=false'])).toContain('nats.external.url is required when nats.embedded is false');
+    expect(await refused(['--set', 'store.replicas=3'])).toContain('store.replicas=3 needs a replicated NATS cluster');
+    expect(await refused(['--set', 'nats.external.url=nats://n:4222'])).toContain('nats.external.url is set but nats.embedded is true');
+    expect(await refused(['--set', 'hostAgent.natsCredentialsHostPath=/etc/n/c.creds', '--set', 'hostAgent.natsCredentialsSecret=s'])).toContain('are exclusive');
+  });
+});
+
+describe('NOTES.txt', () => {
+  // helm renders NOTES only on install (which needs a cluster); a scratch copy of the chart
+  // renders the same text through a ConfigMap so its branches can be read here.
+  async function notes(args: readonly string[]): Promise<string> {
+    const copy = join(scratch, `notes-${args.length}`);
+    await cp(CHART, copy, { recursive: true });
+    await cp(join(copy, 'templates/NOTES.txt'), join(copy, 'files/notes.txt'));
+    await writeFile(join(copy, 'templates/notes-probe.yaml'), 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}\n');
+    const r = await run(helm, ['template', RELEASE, copy, '--kube-version', KUBE_VERSION, '--show-only', 'templates/notes-probe.yaml', ...args]);
+    expect(r.code, r.stderr).toBe(0);
+    return (parse(r.stdout) as Obj).data.notes as string;
+  }
+
+  it('warns about the single-node NATS and names the mTLS Secrets to create', async () => {
+    const text = await notes([]);
+    expect(text).toContain('WARNING: NATS runs in-chart as ONE node');
+    expect(text).toContain(`${FULLNAME}-grpc-tls`);
+    expect(text).toContain('set alerts.enabled=true');
+    const production = await notes(['-f', PRODUCTION_VALUES]);
+    expect(production).not.toContain('WARNING');
+    expect(production).toContain('sandbox-fleet-runner-ca');
+  });
+});
+
+describe('alert rules under promtool', () => {
+  it('are a valid rule file', async () => {
+    const r = await run(promtool, ['check', 'rules', ALERTS]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain('SUCCESS: 6 rules found');
+  });
+
+  it('use only metric names of the R-I3 catalogue', async () => {
+    const catalogue = new Set((await new FleetMetrics().registry.getMetricsAsJSON()).map((m) => m.name));
+    const source = parse(await readFile(ALERTS, 'utf8')) as Obj;
+    const exprs = (source.groups as Obj[]).flatMap((g) => (g.rules as Obj[]).map((r) => r.expr as string));
+    const used = new Set(exprs.flatMap((e) => e.match(/sandboxfleet_[a-z_]+/g) ?? []));
+    expect(used.size).toBeGreaterThanOrEqual(6);
+    for (const name of used) expect(catalogue, name).toContain(name);
+  });
+
+  it('pass their unit tests (each alert fires and stays silent where it should)', async () => {
+    const r = await run(promtool, ['test', 'rules', ALERT_TESTS]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain('SUCCESS');
+  });
+
+  it('fail the unit tests when an expectation is wrong', async () => {
+    const original = await readFile(ALERT_TESTS, 'utf8');
+    const wrong = original.replace('rule_files:\n  - ../files/alerts.yaml', `rule_files:\n  - ${ALERTS}`).replace('reason: host_lost_running', 'reason: no_checkpoint');
+    expect(wrong).not.toBe(original);
+    const file = join(scratch, 'wrong.test.yaml');
+    await writeFile(file, wrong);
+    const r = await run(promtool, ['test', 'rules', file], scratch);
+    expect(r.code).not.toBe(0);
+    expect(r.stdout + r.stderr).toMatch(/FAILED:[\s\S]*SandboxFleetSessionsLost/);
+  });
+});
