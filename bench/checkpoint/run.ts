@@ -14,6 +14,7 @@ import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { parseArgs } from 'node:util';
 import type Docker from 'dockerode';
+import { jetstreamManager } from '@nats-io/jetstream';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { fetchLayer, storeLayer } from '../../src/host-agent/layer/layer-transfer.ts';
 import { startDockerHosts, destroyAll, type DockerHost } from '../../test/support/docker.ts';
@@ -59,7 +60,7 @@ async function fillLayer(upper: string): Promise<string> {
   for (let i = 0; written < jsonlMiB * MiB; i++) {
     const l = line(i);
     written += Buffer.byteLength(l);
-    if (!out.write(l)) await new Promise((r) => out.once('drain', r));
+    if (!out.write(l)) await new Promise<void>((r) => out.once('drain', () => r()));
   }
   await new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve())));
   return jsonl;
@@ -135,7 +136,7 @@ async function main(): Promise<void> {
       await b.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
       await a.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
       await rm(archive, { force: true });
-      if (lastStore) await nc.jetstreamManager().then((m) => m.streams.delete(`SF_CHUNKS_BENCH_${r - 1}`)).catch(() => undefined);
+      if (lastStore) await (await jetstreamManager(nc)).streams.delete(`SF_CHUNKS_BENCH_${r - 1}`).catch(() => false);
       lastStore = store;
     }
 

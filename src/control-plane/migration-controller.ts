@@ -22,6 +22,7 @@ import { manifestToProto, verifyCheckpoint } from './checkpoints.ts';
 import { candidates, describeError, isTerminal, listGroups, listHosts } from './fleet.ts';
 import { GroupOps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
+import { decideEvacuationStep } from './evacuation-policy.ts';
 import { chooseHost } from './placement.ts';
 import type { Evacuation, GroupRecord, HostRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
@@ -125,34 +126,26 @@ export class MigrationController {
     const g = current.value;
     const ev = g.evacuation;
     const lc = g.lifecycle;
-    if (isTerminal(g)) {
-      if (ev !== undefined) await this.#clearEvacuation(groupId);
-      return 'done';
-    }
-    if (lc.state === 'MIGRATING') return this.#restore(g);
-    if (ev === undefined) return 'done';
-    const now = this.ctx.now();
-
-    switch (lc.state) {
-      case 'PENDING':
-      case 'RUNNING':
-      case 'STOPPING': {
-        if (ev.kind === 'unplanned') return this.#lose(g, 'host_lost_running', `host ${ev.sourceHostId} lost (${ev.source}) while ${lc.state}`);
-        if (lc.state === 'PENDING') return now > ev.deadlineMs ? this.#lose(g, 'host_lost_running', 'never started before the host went away') : 'waiting';
-        // Planned: a turn in flight gets a bounded wait to finish, then the stop goes ahead (R-H4).
-        const inFlight = g.members.some((m) => m.session.phase === 'IN_TURN');
-        if (lc.state === 'RUNNING' && inFlight && now < ev.startedAtMs + this.ctx.config.turnWaitMs) return 'waiting';
+    const decision = decideEvacuationStep({ lifecycle: lc, memberPhases: g.members.map((m) => m.session.phase), evacuation: ev }, this.ctx.now(), this.ctx.config.turnWaitMs);
+    switch (decision.action) {
+      case 'none':
+        return 'done';
+      case 'clear':
+        await this.#clearEvacuation(groupId);
+        return 'done';
+      case 'wait':
+        return 'waiting';
+      case 'lost':
+        return this.#lose(g, decision.reason, decision.why);
+      case 'restore':
+        return this.#restore(g);
+      case 'plan_restore':
+        return this.#planRestore(g, ev!);
+      case 'stop':
         await this.hook('before_stop', groupId);
-        await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, `evacuation: ${ev.source}`);
+        await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, `evacuation: ${ev!.source}`);
         await this.hook('after_stop', groupId);
         return 'progress';
-      }
-      case 'STOPPED': {
-        if (!lc.stop?.clean) return this.#lose(g, 'unclean_stop', 'last stop was unclean: it cannot be migrated (R-G2)');
-        return this.#planRestore(g, ev);
-      }
-      default:
-        return 'done';
     }
   }
 

@@ -1,9 +1,9 @@
 // END TO END through gRPC (R-I1, R-S1..R-S3, R-G5, R-G6): the runner SDK client over mTLS → the API
 // server → the real control plane's RunnerBackend → real NATS, real host agents and real dockerd
-// hosts (fleet-harness.ts of the control-plane tests; nothing mocked). One conversation lives
-// through: NEW, LIVE, a locator mismatch refused at begin, RESTORED after stop/start, a mismatch
-// refused at end with the saved locator intact, RESTORED on another host after a drain migration,
-// and LOST after that host dies with a turn running.
+// hosts (fleet-harness.ts of the control-plane tests; nothing mocked). Conversation 1: NEW, LIVE,
+// a locator mismatch refused at begin, RESTORED after stop/start, a mismatch refused at end with the
+// saved locator intact. Conversation 2: RESTORED on another host after a drain migration, then LOST
+// after that host dies with a turn running.
 import * as grpc from '@grpc/grpc-js';
 import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -88,6 +88,12 @@ describe('runner API end to end against the control plane', () => {
   });
 
   it('reports RESTORED on the new host after a drain migrates the group', async () => {
+    // A second conversation whose last turn ended normally (the first one ended on a refused turn).
+    const opened = await runner.openGroup({ conversationId: 'e2e-conv-2', members: [{ memberId: 'm1', cli: 'claude-code' }] });
+    groupId = opened.group?.groupId ?? '';
+    const t1 = await runner.beginTurn({ groupId, memberId: 'm1' });
+    expect(t1).toMatchObject({ contextState: ContextState.NEW, hostId: 'host-a' });
+    await runner.completeTurn({ groupId, memberId: 'm1', turnId: t1.turnId, observedLocator: 'sess-e2e-1', evidence: SUCCESS });
     await fleet.startAgentOn('host-b', 1);
     await fleet.waitFor('host-b READY', async () => ((await fleet.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
     expect(await plane.drainHost('host-a')).toBe(true);

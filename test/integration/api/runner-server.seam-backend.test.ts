@@ -41,7 +41,7 @@ let server: ApiServer;
 let runner: RunnerClient;
 
 function sdk(pair: CertPair, ca = pki.ca, retry = { maxRetries: 4, initialDelayMs: 5, maxDelayMs: 20 }): RunnerClient {
-  return new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca, cert: pair.cert, key: pair.key }, deadlineMs: 5_000, retry });
+  return new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca, cert: pair.cert, key: pair.key }, deadlineMs: 30_000, retry });
 }
 
 function raw(pair: CertPair | undefined): RunnerServiceClient {
@@ -50,7 +50,7 @@ function raw(pair: CertPair | undefined): RunnerServiceClient {
 }
 
 /** Calls a raw unary method and resolves with the status (OK or the error), never rejects. */
-function callRaw<Req>(fn: (req: Req, md: grpc.Metadata, opts: Partial<grpc.CallOptions>, cb: (e: grpc.ServiceError | null, r: unknown) => void) => unknown, req: Req, deadline = Date.now() + 5_000) {
+function callRaw<Req>(fn: (req: Req, md: grpc.Metadata, opts: Partial<grpc.CallOptions>, cb: (e: grpc.ServiceError | null, r: unknown) => void) => unknown, req: Req, deadline = Date.now() + 30_000) {
   return new Promise<{ code: grpc.status; reason: string | undefined; details: string; response: unknown }>((resolve) => {
     fn(req, new grpc.Metadata(), { deadline }, (e, r) =>
       resolve(e ? { code: e.code, reason: readErrorDetail(e.metadata)?.reason, details: e.details, response: undefined } : { code: grpc.status.OK, reason: undefined, details: '', response: r }),

@@ -1,0 +1,115 @@
+// `npm start`: the local fleet (R-I8) in one command — an embedded nats-server, three real dockerd
+// "hosts" (own data roots; no bridge, no iptables), one sandbox image loaded into all of them (same
+// image id), a host agent per host and the control plane, each as its own process, plus a terminal
+// status table of hosts and groups refreshed every few seconds. Ctrl-C stops everything.
+// Docker hosts and the image come from test/support (the shared implementation of "a local dockerd
+// host" and "the sandbox image", as agreed for cmd/local-fleet); they run dockerd with the safe flags.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { CONTROL_PLANE_BUCKETS } from '../../src/control-plane/buckets.ts';
+import { GroupRecordSchema, HeartbeatRecordSchema, HostRecordSchema } from '../../src/control-plane/records.ts';
+import { createLogger } from '../../src/observability/logger.ts';
+import { connectNats, StateStore } from '../../src/store/connection.ts';
+import { LocalNatsServer } from '../../src/store/local-nats-server.ts';
+import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
+import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
+
+const HOSTS = Number(process.env.SANDBOXFLEET_LOCAL_HOSTS ?? 3);
+const LOCAL_AGENT_SHA = process.env.SANDBOXFLEET_AGENT_SHA ?? '0000000000000000000000000000000000000001';
+
+async function main(): Promise<void> {
+  const logger = createLogger({ name: 'local-fleet', level: process.env.LOG_LEVEL ?? 'info' });
+  const stateDir = resolve(process.env.SANDBOXFLEET_STATE_DIR ?? '.state');
+  const logDir = join(stateDir, 'logs');
+  await mkdir(logDir, { recursive: true });
+  const children: ChildProcess[] = [];
+  let hosts: DockerHost[] = [];
+
+  const nats = await LocalNatsServer.start({ storeDir: join(stateDir, 'nats', 'jetstream'), workDir: join(stateDir, 'nats'), logger: logger.child({ component: 'nats-server' }) });
+  let stopping = false;
+  const shutdown = async (code: number) => {
+    if (stopping) return;
+    stopping = true;
+    console.log('\nstopping the local fleet…');
+    for (const c of children) c.kill('SIGTERM');
+    await Promise.all(children.map((c) => (c.exitCode === null ? new Promise((r) => c.once('exit', r)) : undefined)));
+    await destroyAll(hosts).catch((err: unknown) => logger.warn({ err }, 'docker host cleanup failed'));
+    await nats.stop();
+    process.exit(code);
+  };
+  process.once('SIGINT', () => void shutdown(0));
+  process.once('SIGTERM', () => void shutdown(0));
+
+  console.log(`nats-server      ${nats.url}`);
+  console.log(`docker hosts     starting ${HOSTS} dockerd engines (this takes a few seconds)…`);
+  hosts = await startDockerHosts(HOSTS);
+  const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
+  console.log(`sandbox image    ${image.reference} ${image.imageId}`);
+
+  const run = (name: string, script: string, env: NodeJS.ProcessEnv) => {
+    const out = createWriteStream(join(logDir, `${name}.log`), { flags: 'a' });
+    const child = spawn(process.execPath, ['--import', 'tsx', script], { env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    child.stdout!.pipe(out);
+    child.stderr!.pipe(out);
+    child.once('exit', (code, signal) => {
+      if (!stopping) console.log(`${name} exited (${code ?? signal}); see ${join(logDir, `${name}.log`)}`);
+    });
+    children.push(child);
+  };
+  run('control-plane', 'cmd/control-plane/main.ts', {
+    SANDBOXFLEET_NATS_URL: nats.url,
+    SANDBOXFLEET_STATE_DIR: join(stateDir, 'control-plane'),
+    SANDBOXFLEET_HTTP_PORT: process.env.SANDBOXFLEET_HTTP_PORT ?? '9464',
+    SANDBOXFLEET_ALLOWED_AGENT_SHAS: LOCAL_AGENT_SHA,
+    SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS: image.imageId,
+    SANDBOXFLEET_HEARTBEAT_INTERVAL_MS: '1000',
+    SANDBOXFLEET_HEARTBEAT_TTL_MS: '5000',
+    SANDBOXFLEET_DEAD_GRACE_MS: '5000',
+    LOG_LEVEL: 'info',
+  });
+  hosts.forEach((h, i) => run(`agent-${h.name}`, 'cmd/host-agent/main.ts', {
+    SANDBOXFLEET_HOST_ID: h.name,
+    // Each agent's /metrics listener on its own port (9465, 9466, ...; 0 = any free port).
+    SANDBOXFLEET_HTTP_PORT: process.env.SANDBOXFLEET_HTTP_PORT === '0' ? '0' : String(9465 + i),
+    SANDBOXFLEET_NATS_URL: nats.url,
+    SANDBOXFLEET_DOCKER_SOCKET: h.socketPath,
+    SANDBOXFLEET_IMAGE_REF: image.reference,
+    SANDBOXFLEET_AGENT_SHA: LOCAL_AGENT_SHA,
+    SANDBOXFLEET_HEARTBEAT_INTERVAL_MS: '1000',
+    LOG_LEVEL: 'info',
+  }));
+  console.log(`logs             ${logDir}`);
+  console.log(`metrics          http://127.0.0.1:${process.env.SANDBOXFLEET_HTTP_PORT ?? '9464'}/metrics\n`);
+
+  // Status table, read straight from the state store.
+  const nc = await connectNats({ servers: nats.url, name: 'local-fleet-status', waitOnFirstConnect: true });
+  const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
+  const hostRepo = store.repository('hosts', HostRecordSchema);
+  const hbRepo = store.repository('heartbeats', HeartbeatRecordSchema);
+  const groupRepo = store.repository('groups', GroupRecordSchema);
+  const show = async () => {
+    const [hs, hbs, gs] = await Promise.all([hostRepo.list(), hbRepo.list(), groupRepo.list()]);
+    const now = Date.now();
+    const lines = ['HOST        STATE        EPOCH  HEARTBEAT  GROUPS  ATTESTATION'];
+    for (const { value: h } of hs.entries) {
+      const hb = hbs.entries.find((e) => e.value.hostId === h.hostId)?.value;
+      const age = hb && hb.epoch === h.lifecycle.epoch ? `${((now - hb.receivedAtMs) / 1000).toFixed(1)}s` : '-';
+      const groups = gs.entries.filter((g) => g.value.lifecycle.hostId === h.hostId && !['LOST', 'DESTROYED'].includes(g.value.lifecycle.state)).length;
+      const att = h.attestation.mismatches.length === 0 ? 'ok' : h.attestation.mismatches.join('; ').slice(0, 60);
+      lines.push(`${h.hostId.padEnd(12)}${h.lifecycle.state.padEnd(13)}${String(h.lifecycle.epoch).padEnd(7)}${age.padEnd(11)}${String(groups).padEnd(8)}${att}`);
+    }
+    const byState = new Map<string, number>();
+    for (const { value: g } of gs.entries) byState.set(g.lifecycle.state, (byState.get(g.lifecycle.state) ?? 0) + 1);
+    lines.push(`groups: ${[...byState].map(([s, n]) => `${s}=${n}`).join(' ') || 'none'}    (${new Date(now).toISOString()})`);
+    console.log(lines.join('\n') + '\n');
+  };
+  const timer = setInterval(() => void show().catch((err: unknown) => logger.warn({ err }, 'status read failed')), Number(process.env.SANDBOXFLEET_STATUS_INTERVAL_MS ?? 5000));
+  process.once('beforeExit', () => clearInterval(timer));
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});
