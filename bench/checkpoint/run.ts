@@ -100,6 +100,12 @@ async function main(): Promise<void> {
       raw.push(rawLimit(upper));
 
       // Ours: capture → FastCDC chunks → sha256 → JetStream, into an empty chunk stream each round.
+      // Streams of one prefix cannot overlap in subjects: drop the previous round's pair first.
+      if (lastStore) {
+        const jsm = await jetstreamManager(nc);
+        await jsm.streams.delete(lastStore.chunkStream);
+        await jsm.streams.delete(lastStore.manifestStream);
+      }
       const store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_${r}`, manifestStream: `SF_CKPT_BENCH_${r}` });
       const [tStore, stored] = await timed(() => storeLayer(upper, store));
       ours.push(tStore);
@@ -136,7 +142,6 @@ async function main(): Promise<void> {
       await b.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
       await a.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
       await rm(archive, { force: true });
-      if (lastStore) await (await jetstreamManager(nc)).streams.delete(`SF_CHUNKS_BENCH_${r - 1}`).catch(() => false);
       lastStore = store;
     }
 

@@ -1,7 +1,15 @@
-// Host record transitions: the one place a host's lifecycle is written. Every change goes through
-// core's transitionHost, is written with compare-and-set, and is appended to the event log with
-// the reason (R-H2..R-H6, R-R1).
+// Host record transitions: the one place a host's lifecycle and lease term are written. Every
+// change goes through core's transitionHost (lifecycle) or the lease rules below (term end), is
+// written with compare-and-set, and is appended to the event log with the reason (R-H2..R-H6, R-R1).
+//
+// Leases (R-H4): a host's term end (`HostRecord.leaseExpiresAtMs`) is the earlier of
+//   - a FIXED end the agent reported at registration (spot/rental term): never extended, and
+//   - a RENEWABLE term `leaseTermMs` (config) counted from the latest accepted heartbeat.
+// The lease policy of an epoch (fixed end, renewable term) is decided at registration and kept in
+// the sf_host_leases bucket, so any replica handling a later heartbeat renews by the same rule.
+import { z } from 'zod';
 import { transitionHost, type HostEvent, type HostLifecycle } from '../core/index.ts';
+import type { KvRepository } from '../store/kv-repository.ts';
 import type { HostRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
@@ -11,15 +19,18 @@ export interface HostChange {
 }
 
 /**
- * Apply `event` to the host if it is still at `expectEpoch` (when given). Returns the change, or
- * undefined when the event does not apply (refused by the transition rules, or a new epoch).
+ * Apply `event` to the host if it is still at `expectEpoch` (when given) and `guard` (when given)
+ * still holds for the record being replaced — both checked inside the CAS, so a decision made on a
+ * stale read (e.g. "the lease ends within the margin" while a renewal landed) is not applied.
+ * Returns the change, or undefined when the event does not apply.
  */
-export async function applyHostEvent(ctx: ControlPlaneContext, hostId: string, event: HostEvent, why: string, expectEpoch?: number): Promise<HostChange | undefined> {
+export async function applyHostEvent(ctx: ControlPlaneContext, hostId: string, event: HostEvent, why: string, expectEpoch?: number, guard?: (current: HostRecord) => boolean): Promise<HostChange | undefined> {
   let change: HostChange | undefined;
   await ctx.repos.hosts.mutate(Keys.host(hostId), (current) => {
     change = undefined;
     if (current === undefined) return undefined;
     if (expectEpoch !== undefined && current.lifecycle.epoch !== expectEpoch) return undefined;
+    if (guard !== undefined && !guard(current)) return undefined;
     const next = transitionHost(current.lifecycle, event);
     if (!next.ok) return undefined;
     if (JSON.stringify(next.value) === JSON.stringify(current.lifecycle)) return undefined;
@@ -39,4 +50,77 @@ export async function applyHostEvent(ctx: ControlPlaneContext, hostId: string, e
     });
   }
   return change;
+}
+
+// ---- leases (R-H4) ---------------------------------------------------------------------------
+
+/** Latest a reported fixed term end may lie in the future (a year): bounds a corrupt/hostile value. */
+export const MAX_FIXED_TERM_MS = 366 * 24 * 3_600_000;
+
+const ms = z.number().int().nonnegative().max(Number.MAX_SAFE_INTEGER);
+
+/** The lease policy of one host epoch, decided at registration (sf_host_leases, keyed like hosts). */
+export const HostLeasePolicySchema = z.object({
+  hostId: z.string().min(1).max(253),
+  epoch: z.number().int().positive(),
+  /** Term end reported by the host (spot/rental); the lease is never renewed past it. */
+  fixedEndMs: ms.optional(),
+  /** Renewable term counted from each accepted heartbeat; 0 = no renewal. */
+  renewTermMs: ms,
+  decidedAtMs: ms,
+});
+export type HostLeasePolicy = z.infer<typeof HostLeasePolicySchema>;
+
+/** The policy for a registration at `nowMs`: a reported end in the past still counts (drain now). */
+export function leasePolicyFor(hostId: string, epoch: number, requestedEndMs: number, renewTermMs: number, nowMs: number): HostLeasePolicy {
+  const fixed = requestedEndMs > 0 ? Math.min(requestedEndMs, nowMs + MAX_FIXED_TERM_MS) : undefined;
+  return { hostId, epoch, ...(fixed !== undefined ? { fixedEndMs: fixed } : {}), renewTermMs, decidedAtMs: nowMs };
+}
+
+/** Term end granted at `nowMs`: the earlier of the fixed end and now + renewable term; none if neither. */
+export function leaseTermEnd(policy: HostLeasePolicy, nowMs: number): number | undefined {
+  const renewable = policy.renewTermMs > 0 ? nowMs + policy.renewTermMs : undefined;
+  if (policy.fixedEndMs === undefined) return renewable;
+  return renewable === undefined ? policy.fixedEndMs : Math.min(renewable, policy.fixedEndMs);
+}
+
+/**
+ * The new term end if a heartbeat at `nowMs` should renew the lease, else undefined. Renewal is
+ * due once less than half the renewable term remains (so a host record is written about twice per
+ * term, not on every heartbeat); it only ever extends, and never past the fixed end.
+ */
+export function renewalFor(policy: HostLeasePolicy, currentEndMs: number | undefined, nowMs: number): number | undefined {
+  if (policy.renewTermMs <= 0) return undefined;
+  const proposed = leaseTermEnd(policy, nowMs);
+  if (proposed === undefined) return undefined;
+  if (currentEndMs !== undefined && (proposed <= currentEndMs || currentEndMs - nowMs >= policy.renewTermMs / 2)) return undefined;
+  return proposed;
+}
+
+/** Persist the policy of a new epoch; an older epoch's policy is replaced, a newer one kept. */
+export async function recordLeasePolicy(repo: KvRepository<HostLeasePolicy>, policy: HostLeasePolicy): Promise<void> {
+  await repo.mutate(Keys.host(policy.hostId), (current) => (current !== undefined && current.epoch >= policy.epoch ? undefined : policy));
+}
+
+/**
+ * Renew the lease of `hostId` at `epoch` by CAS if due (see renewalFor). Only a READY host of the
+ * same epoch is renewed: a draining host is leaving anyway, and a later epoch has its own policy.
+ * Returns the new term end, or undefined when nothing was written.
+ */
+export async function renewLease(ctx: ControlPlaneContext, hostId: string, policy: HostLeasePolicy, nowMs: number): Promise<number | undefined> {
+  let renewed: { from: number | undefined; to: number } | undefined;
+  await ctx.repos.hosts.mutate(Keys.host(hostId), (current) => {
+    renewed = undefined;
+    if (current === undefined || current.lifecycle.epoch !== policy.epoch || current.lifecycle.state !== 'READY') return undefined;
+    const to = renewalFor(policy, current.leaseExpiresAtMs, nowMs);
+    if (to === undefined) return undefined;
+    renewed = { from: current.leaseExpiresAtMs, to };
+    return { ...current, leaseExpiresAtMs: to, updatedAtMs: nowMs } satisfies HostRecord;
+  });
+  if (renewed === undefined) return undefined;
+  await ctx.events.record({
+    subjectKind: 'host', subjectId: hostId, type: 'host_lease_renewed', toState: 'READY', reason: 'heartbeat', version: `${policy.epoch}:${renewed.to}`,
+    detail: { epoch: policy.epoch, fromTermEndMs: renewed.from ?? null, termEndMs: renewed.to, fixedEndMs: policy.fixedEndMs ?? null },
+  });
+  return renewed.to;
 }
