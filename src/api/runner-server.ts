@@ -41,7 +41,7 @@ import {
   stopGroupToProto,
 } from './mapping.ts';
 import { ApiMetrics } from './metrics.ts';
-import { identityFromCertificate, LOCAL_DEV_IDENTITY, type PeerRole } from './peer-identity.ts';
+import { identityFromCertificate, LOCAL_DEV_IDENTITY, type PeerRole, type RoleCas } from './peer-identity.ts';
 
 export const RUNNER_SERVICE_NAME = 'sandboxfleet.v1.RunnerService';
 export const ADMIN_SERVICE_NAME = 'sandboxfleet.v1.AdminService';
@@ -50,8 +50,13 @@ export const DEFAULT_MAX_RECEIVE_BYTES = 256 * 1024;
 const DEFAULT_MAX_SEND_BYTES = 4 * 1024 * 1024;
 
 export interface MtlsOptions {
-  /** PEM of the CA that signs client certificates. */
+  /** PEM of the CA(s) that sign client certificates: the TLS trust bundle. */
   readonly ca: Buffer;
+  /**
+   * Runner and admin client CAs when they differ (each must also be in `ca`): then the signing CA
+   * decides the role, and the role the certificate names must agree (peer-identity.ts).
+   */
+  readonly roleCas?: RoleCas | undefined;
   /** PEM of this server's certificate chain and key. */
   readonly cert: Buffer;
   readonly key: Buffer;
@@ -169,7 +174,9 @@ export class ApiServer {
     const deps: HandlerDeps = {
       logger,
       metrics: opts.registry === undefined ? undefined : new ApiMetrics(opts.registry),
-      identify: opts.security.mode === 'mtls' ? (call) => identityFromCertificate(call.getAuthContext()?.sslPeerCertificate) : () => LOCAL_DEV_IDENTITY,
+      identify: opts.security.mode === 'mtls'
+        ? ((roleCas) => (call: Parameters<HandlerDeps['identify']>[0]) => identityFromCertificate(call.getAuthContext()?.sslPeerCertificate, roleCas))(opts.security.mtls.roleCas)
+        : () => LOCAL_DEV_IDENTITY,
     };
     server.addService(RunnerServiceService, runnerServiceImplementation(deps, opts.runner));
     const services = ['', RUNNER_SERVICE_NAME];

@@ -10,6 +10,18 @@ const csv = z.preprocess(
   z.array(z.string().min(1).max(128)).max(64),
 );
 
+/** An optional file path from env: empty means unset. */
+const optionalPath = z.preprocess((v) => (typeof v === 'string' && v.trim() === '' ? undefined : v), z.string().trim().min(1).max(4096).optional());
+/** Boolean env flag: 1/true/yes or 0/false/no (case-insensitive); anything else is an error. */
+const flag = z.preprocess((v) => {
+  if (typeof v !== 'string') return v;
+  const t = v.trim().toLowerCase();
+  if (t === '') return false;
+  if (['1', 'true', 'yes'].includes(t)) return true;
+  if (['0', 'false', 'no'].includes(t)) return false;
+  return v;
+}, z.boolean());
+
 export const ControlPlaneConfigSchema = z.object({
   /** NATS URL of the state store. Empty: launch an embedded local nats-server (dev / `npm start`). */
   natsUrl: z.string().trim().default(''),
@@ -69,6 +81,27 @@ export const ControlPlaneConfigSchema = z.object({
   agentCommandTimeoutMs: durationMs(500, 3_600_000).default(120_000),
   /** Leader lease renewal period; the lease expires server-side (leadership bucket TTL). */
   leaderRenewMs: durationMs(100, 10_000).default(3_000),
+
+  // ---- gRPC API (R-I1, R-R5) ----
+  /** gRPC listen host. Loopback unless exposed on purpose (the chart sets 0.0.0.0 with mTLS). */
+  grpcHost: z.string().trim().min(1).max(253).default('127.0.0.1'),
+  /** gRPC port (the chart's controlPlane.grpcPort, 7443); 0 picks a free one (tests). */
+  grpcPort: port.default(7443),
+  /** PEM files of the server certificate chain and key. */
+  tlsCertFile: optionalPath,
+  tlsKeyFile: optionalPath,
+  /**
+   * CAs of client certificates (R-R5). When both are set and differ, the CA that signed a client
+   * certificate decides its role (runner CA → runner, admin CA → admin) and a role the certificate
+   * names itself (SPIFFE URI SAN / OU) must agree; when they are the same file (or only one is
+   * set) the certificate's SAN/OU role decides.
+   */
+  tlsRunnerCaFile: optionalPath,
+  tlsAdminCaFile: optionalPath,
+  /** Plaintext gRPC without client authentication: loopback local dev only (`npm start`). */
+  grpcInsecure: flag.default(false),
+  /** R-H7: how long `verify` waits for one host's reverse probe by default. */
+  verifyProbeTimeoutMs: durationMs(100, 60_000).default(5_000),
 });
 
 export type ControlPlaneConfig = z.infer<typeof ControlPlaneConfigSchema>;
@@ -102,6 +135,14 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     migrationParallelism: env.SANDBOXFLEET_MIGRATION_PARALLELISM,
     agentCommandTimeoutMs: env.SANDBOXFLEET_AGENT_COMMAND_TIMEOUT_MS,
     leaderRenewMs: env.SANDBOXFLEET_LEADER_RENEW_MS,
+    grpcHost: env.SANDBOXFLEET_GRPC_HOST,
+    grpcPort: env.SANDBOXFLEET_GRPC_PORT,
+    tlsCertFile: env.SANDBOXFLEET_TLS_CERT_FILE,
+    tlsKeyFile: env.SANDBOXFLEET_TLS_KEY_FILE,
+    tlsRunnerCaFile: env.SANDBOXFLEET_TLS_RUNNER_CA_FILE,
+    tlsAdminCaFile: env.SANDBOXFLEET_TLS_ADMIN_CA_FILE,
+    grpcInsecure: env.SANDBOXFLEET_GRPC_INSECURE,
+    verifyProbeTimeoutMs: env.SANDBOXFLEET_VERIFY_PROBE_TIMEOUT_MS,
   });
   if (!parsed.success) {
     const problems = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');
@@ -110,5 +151,35 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
   if (parsed.data.heartbeatTtlMs <= parsed.data.heartbeatIntervalMs) {
     throw new Error('invalid control-plane configuration: heartbeatTtlMs must exceed heartbeatIntervalMs');
   }
+  const problem = grpcSecurityProblem(parsed.data);
+  if (problem !== undefined) throw new Error(`invalid control-plane configuration: ${problem}`);
   return parsed.data;
+}
+
+/** True for addresses only this machine can reach (R-R5: the one place plaintext is tolerated). */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '');
+  return h === 'localhost' || h === '::1' || /^127(?:\.\d{1,3}){3}$/.test(h);
+}
+
+/**
+ * R-R5: the gRPC transport must be mTLS (server cert + key + at least one client CA), or
+ * explicitly insecure on a loopback host. Anything in between refuses to start: a control plane
+ * that silently served plaintext, or served TLS without client authentication, would be worse
+ * than one that does not start.
+ */
+export function grpcSecurityProblem(c: ControlPlaneConfig): string | undefined {
+  const tlsParts = [c.tlsCertFile, c.tlsKeyFile, c.tlsRunnerCaFile, c.tlsAdminCaFile].filter((p) => p !== undefined).length;
+  if (c.grpcInsecure) {
+    if (tlsParts > 0) return 'SANDBOXFLEET_GRPC_INSECURE is set together with SANDBOXFLEET_TLS_* files: choose one';
+    if (!isLoopbackHost(c.grpcHost)) return `SANDBOXFLEET_GRPC_INSECURE is allowed only on a loopback SANDBOXFLEET_GRPC_HOST, not ${c.grpcHost}`;
+    return undefined;
+  }
+  if (c.tlsCertFile === undefined || c.tlsKeyFile === undefined) {
+    return 'gRPC needs mTLS: set SANDBOXFLEET_TLS_CERT_FILE and SANDBOXFLEET_TLS_KEY_FILE (and a client CA), or SANDBOXFLEET_GRPC_INSECURE=1 with a loopback SANDBOXFLEET_GRPC_HOST for local dev';
+  }
+  if (c.tlsRunnerCaFile === undefined && c.tlsAdminCaFile === undefined) {
+    return 'gRPC mTLS needs a client CA: set SANDBOXFLEET_TLS_RUNNER_CA_FILE and/or SANDBOXFLEET_TLS_ADMIN_CA_FILE';
+  }
+  return undefined;
 }

@@ -2,6 +2,10 @@
 // core policy, READY only on a full match), accepts heartbeats fenced by epoch (stale ones are
 // counted and dropped), and turns reclaim notices and "Docker data dir lost" reports into host
 // events. Any replica may serve these (NATS queue group): every write is compare-and-set.
+// Leases (R-H4): registration decides the epoch's lease policy (fixed end reported by the host,
+// renewable term from config; see hosts.ts) and an accepted heartbeat renews a renewable term.
+import { jetstream } from '@nats-io/jetstream';
+import { Kvm } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects, hostIdFromSubject } from '../core/agent-subjects.ts';
 import {
@@ -20,7 +24,9 @@ import { isSafeId } from '../core/checkpoint-manifest.ts';
 import { ContainerState, Heartbeat, Registration, RegistrationAck, ReclaimNotice, type AttestationReport as ProtoAttestation } from '../gen/sandboxfleet/v1/agent.ts';
 import { HostState } from '../gen/sandboxfleet/v1/common.ts';
 import { isTerminal, listGroups } from './fleet.ts';
-import { applyHostEvent } from './hosts.ts';
+import { DEFAULT_BUCKETS } from '../store/connection.ts';
+import { KvRepository } from '../store/kv-repository.ts';
+import { HostLeasePolicySchema, applyHostEvent, leasePolicyFor, leaseTermEnd, recordLeasePolicy, renewLease, renewalFor, type HostLeasePolicy } from './hosts.ts';
 import type { ContainerSnapshot, HostRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
@@ -60,18 +66,38 @@ function mismatchText(reason: AttestationReason, a: ProtoAttestation, policy: At
   }
 }
 
+/** The sf_host_leases bucket (created by StateStore.open with the other buckets) as lease policies. */
+export async function openLeasePolicies(nc: NatsConnection): Promise<KvRepository<HostLeasePolicy>> {
+  const spec = DEFAULT_BUCKETS.hostLeases;
+  const kv = await new Kvm(jetstream(nc)).open(spec.bucket, { allow_direct: false });
+  return new KvRepository({ kv, bucket: spec.bucket, schema: HostLeasePolicySchema, maxRecordBytes: spec.maxRecordBytes });
+}
+
 export class HostRegistry {
   readonly #subs: Subscription[] = [];
   /** Per-host serialisation of heartbeat handling (ordering by sequence is checked anyway). */
   readonly #chains = new Map<string, Promise<void>>();
+  #leases: Promise<KvRepository<HostLeasePolicy>> | undefined;
+  /** Lease policy per host, of the latest epoch seen: immutable per epoch, so a cache is exact. */
+  readonly #leaseCache = new Map<string, HostLeasePolicy>();
 
+  /** `leases`: the sf_host_leases repository; when omitted, start() opens it on its connection. */
   constructor(
     private readonly ctx: ControlPlaneContext,
     private readonly policy: AttestationPolicy,
-  ) {}
+    leases?: KvRepository<HostLeasePolicy>,
+  ) {
+    if (leases !== undefined) this.#leases = Promise.resolve(leases);
+  }
+
+  #leaseRepo(): Promise<KvRepository<HostLeasePolicy>> {
+    if (this.#leases === undefined) throw new Error('host registry has no lease repository: pass one or call start(nc) first');
+    return this.#leases;
+  }
 
   /** Subscribe to registrations, heartbeats and notices (queue group: one replica handles each). */
   start(nc: NatsConnection): void {
+    this.#leases ??= openLeasePolicies(nc);
     const reg = nc.subscribe(AgentSubjects.register, { queue: QUEUE });
     const hb = nc.subscribe(AgentSubjects.allHeartbeats, { queue: QUEUE });
     const notices = nc.subscribe(AgentSubjects.allNotices, { queue: QUEUE });
@@ -146,7 +172,10 @@ export class HostRegistry {
     }, this.policy);
     const reasons = verdict.verdict === 'refused' ? verdict.reasons : [];
     const mismatches = reasons.map((r) => mismatchText(r, a, this.policy));
-    const leaseEnd = reg.requestedLeaseEndUnixMs > 0 ? reg.requestedLeaseEndUnixMs : ctx.config.leaseTermMs > 0 ? now + ctx.config.leaseTermMs : undefined;
+    // R-H4: the term is the earlier of the host's fixed end (if any) and the renewable term.
+    const leaseRepo = await this.#leaseRepo();
+    const leaseDraft = leasePolicyFor(reg.hostId, 1, reg.requestedLeaseEndUnixMs, ctx.config.leaseTermMs, now);
+    const leaseEnd = leaseTermEnd(leaseDraft, now);
 
     let before: HostLifecycle = UNREGISTERED;
     const written = await ctx.repos.hosts.mutate(Keys.host(reg.hostId), (current) => {
@@ -182,10 +211,21 @@ export class HostRegistry {
     const host = written?.value as HostRecord;
     const epoch = host.lifecycle.epoch;
     for (const r of reasons) ctx.metrics.attestationRefusals.inc({ reason: r });
+    // The policy is stored before the ack: the agent only heartbeats with an epoch it was acked,
+    // so every heartbeat that can renew finds its epoch's policy.
+    const lease: HostLeasePolicy = { ...leaseDraft, epoch };
+    await recordLeasePolicy(leaseRepo, lease);
+    this.#leaseCache.set(reg.hostId, lease);
     await ctx.events.record({
       subjectKind: 'host', subjectId: reg.hostId, type: 'host_registered', fromState: before.state, toState: host.lifecycle.state,
       reason: reasons.length > 0 ? reasons.join(',') : 'attested', version: epoch,
       detail: { epoch, agentSha: host.attestation.agentSha, apiSha: host.attestation.apiSha, imageDigest: host.attestation.imageDigest, bridgeVersion: host.attestation.bridgeVersion ?? null, mismatches },
+    });
+    await ctx.events.record({
+      subjectKind: 'host', subjectId: reg.hostId, type: 'host_lease_set', toState: host.lifecycle.state,
+      reason: lease.fixedEndMs !== undefined ? (lease.renewTermMs > 0 ? 'fixed_and_renewable' : 'fixed') : lease.renewTermMs > 0 ? 'renewable' : 'no_term',
+      version: epoch,
+      detail: { epoch, termEndMs: host.leaseExpiresAtMs ?? null, fixedEndMs: lease.fixedEndMs ?? null, renewTermMs: lease.renewTermMs },
     });
 
     // R-H6: the host keeps only groups it still owns; it deletes containers of every other group.
@@ -242,11 +282,27 @@ export class HostRegistry {
     if (stale) return 'stale';
     const epoch = hb.hostEpoch;
     if (host.value.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
+    await this.#renew(host.value, epoch, now);
     if (hb.dockerDataLost) await applyHostEvent(ctx, hb.hostId, { type: 'declared_dead', source: 'docker_data_lost' }, 'agent reported its Docker data dir lost', epoch);
     else if (hb.reclaimNotice !== undefined && hb.reclaimNotice.source !== '') {
       await applyHostEvent(ctx, hb.hostId, { type: 'drain_requested', source: 'spot_preemption' }, `reclaim notice: ${hb.reclaimNotice.source.slice(0, 64)}`, epoch);
     }
     return 'accepted';
+  }
+
+  /** R-H4: an accepted heartbeat renews a renewable term (CAS; only when due, see renewalFor). */
+  async #renew(host: HostRecord, epoch: number, now: number): Promise<void> {
+    if (host.lifecycle.state !== 'READY' && host.lifecycle.state !== 'SUSPECT') return;
+    let lease = this.#leaseCache.get(host.hostId);
+    if (lease === undefined || lease.epoch !== epoch) {
+      lease = (await (await this.#leaseRepo()).get(Keys.host(host.hostId)))?.value;
+      // No policy for this epoch: keep the term set at registration (it lapses into a drain).
+      if (lease === undefined || lease.epoch !== epoch) return;
+      this.#leaseCache.set(host.hostId, lease);
+    }
+    // Cheap pre-check on the record already read; renewLease re-checks inside the CAS.
+    if (renewalFor(lease, host.leaseExpiresAtMs, now) === undefined) return;
+    await renewLease(this.ctx, host.hostId, lease, now);
   }
 
   /** R-H5: a spot/preemption notice starts a planned departure. */

@@ -2,6 +2,7 @@
 // core's assessLiveness with a stall guard owned by this loop: a fresh leader, a long gap between
 // passes (this process stalled) or a NATS outage suspends SUSPECT/DEAD decisions until a full TTL of
 // fresh heartbeats had the chance to arrive, so a control-plane or NATS stall never mass-evicts.
+// Lease terms are renewed by the registry on heartbeats; this loop only starts the drain.
 import { assessLiveness, createStallGuard, observeNats, observeTick, shouldDrain, type LivenessConfig, type StallGuard } from '../core/index.ts';
 import { listHosts } from './fleet.ts';
 import { applyHostEvent } from './hosts.ts';
@@ -31,8 +32,12 @@ export class LivenessLoop {
     for (const { value: host } of await listHosts(this.ctx)) {
       const lc = host.lifecycle;
       const id = host.hostId;
-      if (lc.state === 'READY' && shouldDrain({ epoch: lc.epoch, expiresAtMs: host.leaseExpiresAtMs }, now, this.ctx.config.drainMarginMs)) {
-        await applyHostEvent(this.ctx, id, { type: 'drain_requested', source: 'lease_ending' }, 'lease term ends within the drain margin', lc.epoch);
+      // R-H4: drain `drainMarginMs` before the term end. Re-checked inside the CAS: a renewal that
+      // landed after this read must win over a drain decided on the old term.
+      const margin = this.ctx.config.drainMarginMs;
+      if (lc.state === 'READY' && shouldDrain({ epoch: lc.epoch, expiresAtMs: host.leaseExpiresAtMs }, now, margin)) {
+        await applyHostEvent(this.ctx, id, { type: 'drain_requested', source: 'lease_ending' }, 'lease term ends within the drain margin', lc.epoch,
+          (current) => current.lifecycle.state === 'READY' && shouldDrain({ epoch: lc.epoch, expiresAtMs: current.leaseExpiresAtMs }, now, margin));
         continue;
       }
       if (lc.state !== 'READY' && lc.state !== 'DRAINING' && lc.state !== 'SUSPECT') continue;

@@ -122,5 +122,9 @@ describe('runner API end to end against the control plane', () => {
     const lost = await refusal(runner.beginTurn({ groupId, memberId: 'm1' }));
     expect(lost.code).toBe(grpc.status.FAILED_PRECONDITION);
     expect(lost.reason).toBe('context_lost');
+    await new Promise((r) => setTimeout(r, 8000));
+    const first = (await runner.getGroupState({ conversationId: 'e2e-conv-1' })).group;
+    const ev = await fleet.store.events.read({ subjectKind: 'group', subjectId: first?.groupId ?? '', limit: 200 });
+    console.log('CONV1END', JSON.stringify(first), JSON.stringify(ev.events.slice(-6).map((e) => [e.event.type, e.event.reason, e.event.detail])));
   });
 });
