@@ -1,11 +1,17 @@
 // Control-plane process: load config, build logger and metrics, connect the state store
 // (launching an embedded nats-server when no NATS URL is configured), start the control plane
-// (host registry, leader election, liveness, migration controller, runner backend), serve
-// /healthz, /readyz and /metrics, and shut down gracefully on SIGINT/SIGTERM.
+// (host registry, leader election, liveness, migration controller, runner backend), serve the gRPC
+// API (runner + admin services, R-I1; mTLS or loopback-only plaintext, R-R5), /healthz, /readyz and
+// /metrics, and shut down gracefully on SIGINT/SIGTERM: stop accepting gRPC and let calls in flight
+// finish, stop the loops and resign leadership, then drain NATS and stop the embedded nats-server.
 import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
-import { loadControlPlaneConfig } from '../../src/config/control-plane.ts';
+import { createAdminHandlers } from '../../src/api/admin-handlers.ts';
+import { roleCasFrom } from '../../src/api/peer-identity.ts';
+import { ApiServer, type TransportSecurity } from '../../src/api/runner-server.ts';
+import { grpcSecurityProblem, loadControlPlaneConfig, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
 import { CONTROL_PLANE_BUCKETS, ControlPlane } from '../../src/control-plane/index.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
@@ -25,9 +31,36 @@ function buildSha(): string | undefined {
   }
 }
 
+/**
+ * The gRPC transport from config (already validated by grpcSecurityProblem): mTLS with the server
+ * certificate and the client CA bundle; with distinct runner and admin CAs, the signing CA decides
+ * the caller's role (the Helm chart's contract), else the certificate's SAN/OU role does.
+ */
+function transportSecurity(config: ControlPlaneConfig): TransportSecurity {
+  if (config.grpcInsecure) return { mode: 'insecure-local-dev' };
+  const read = (path: string | undefined): Buffer | undefined => (path === undefined ? undefined : readFileSync(path));
+  const runnerCa = read(config.tlsRunnerCaFile);
+  const adminCa = read(config.tlsAdminCaFile);
+  const cas = [runnerCa, adminCa].filter((b): b is Buffer => b !== undefined);
+  const roleCas = runnerCa !== undefined && adminCa !== undefined ? roleCasFrom(runnerCa, adminCa) : undefined;
+  return {
+    mode: 'mtls',
+    mtls: {
+      ca: Buffer.concat(roleCas === undefined ? cas.slice(0, 1) : cas.flatMap((c) => [c, Buffer.from('\n')])),
+      cert: readFileSync(config.tlsCertFile!),
+      key: readFileSync(config.tlsKeyFile!),
+      roleCas,
+    },
+  };
+}
+
 async function main(): Promise<void> {
   const config = loadControlPlaneConfig();
+  const insecure = grpcSecurityProblem(config);
+  if (insecure !== undefined) throw new Error(`invalid control-plane configuration: ${insecure}`);
   const logger = createLogger({ name: 'control-plane', level: config.logLevel });
+  // Read the TLS material before anything starts: a missing file fails start-up, not the first call.
+  const security = transportSecurity(config);
   const metrics = new FleetMetrics(undefined, { defaultMetrics: true });
   const stateDir = resolve(config.stateDir);
   const replicaId = config.replicaId ?? `${hostname().replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 40)}-${process.pid}`;
@@ -58,8 +91,15 @@ async function main(): Promise<void> {
 
   const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: buildSha(), replicaId });
   plane.start();
-  // gRPC: src/api builds the runner and admin services from `plane.runner` (RunnerBackend) and the
-  // operator actions (`plane.drainHost`, `plane.removeHost`) and listens here.
+  const grpcHost = config.grpcHost.includes(':') ? `[${config.grpcHost}]` : config.grpcHost;
+  const api = await ApiServer.start({
+    runner: plane.runner,
+    admin: createAdminHandlers(plane),
+    address: `${grpcHost}:${config.grpcPort}`,
+    security,
+    logger: logger.child({ component: 'api' }),
+    registry: metrics.registry,
+  });
 
   const ops = await startOpsServer({
     host: config.httpHost,
@@ -67,13 +107,20 @@ async function main(): Promise<void> {
     registry: metrics.registry,
     readiness: async () => (nc.isClosed() ? 'NATS connection closed' : undefined),
   });
-  logger.info({ ops: ops.url, nats: natsUrl, embeddedNats: embedded !== undefined, apiSha: API_SHA, replicaId }, 'control plane ready');
+  logger.info({
+    ops: ops.url, grpc: api.address, grpcSecurity: security.mode, roleByCa: security.mode === 'mtls' && security.mtls.roleCas !== undefined,
+    nats: natsUrl, embeddedNats: embedded !== undefined, apiSha: API_SHA, replicaId,
+  }, 'control plane ready');
+  if (security.mode === 'insecure-local-dev') logger.warn({ grpc: api.address }, 'gRPC is plaintext without client authentication (loopback local dev only, R-R5)');
 
   let stopping = false;
   const shutdown = async (signal: string) => {
     if (stopping) return;
     stopping = true;
     logger.info({ signal }, 'shutting down');
+    // 1. Stop accepting gRPC; calls in flight get a grace period to finish.
+    await api.shutdown(10_000).catch((err: unknown) => logger.warn({ err }, 'gRPC shutdown failed'));
+    // 2. Stop the loops and resign leadership, so another replica takes over at once.
     await plane.stop().catch((err: unknown) => logger.warn({ err }, 'control plane stop failed'));
     await ops.close();
     await nc.drain().catch((err: unknown) => logger.warn({ err }, 'NATS drain failed'));

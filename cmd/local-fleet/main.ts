@@ -17,6 +17,8 @@ import { destroyAll, startDockerHosts, type DockerHost } from '../../test/suppor
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
 
 const HOSTS = Number(process.env.SANDBOXFLEET_LOCAL_HOSTS ?? 3);
+/** The control plane's gRPC port (runner + admin services). */
+const GRPC_PORT = process.env.SANDBOXFLEET_GRPC_PORT ?? '7443';
 const LOCAL_AGENT_SHA = process.env.SANDBOXFLEET_AGENT_SHA ?? '0000000000000000000000000000000000000001';
 
 async function main(): Promise<void> {
@@ -67,6 +69,10 @@ async function main(): Promise<void> {
     SANDBOXFLEET_HEARTBEAT_INTERVAL_MS: '1000',
     SANDBOXFLEET_HEARTBEAT_TTL_MS: '5000',
     SANDBOXFLEET_DEAD_GRACE_MS: '5000',
+    // Local dev: plaintext gRPC on loopback only (R-R5 allows nothing else without mTLS).
+    SANDBOXFLEET_GRPC_HOST: '127.0.0.1',
+    SANDBOXFLEET_GRPC_PORT: GRPC_PORT,
+    SANDBOXFLEET_GRPC_INSECURE: '1',
     LOG_LEVEL: 'info',
   });
   hosts.forEach((h, i) => run(`agent-${h.name}`, 'cmd/host-agent/main.ts', {
@@ -81,7 +87,9 @@ async function main(): Promise<void> {
     LOG_LEVEL: 'info',
   }));
   console.log(`logs             ${logDir}`);
-  console.log(`metrics          http://127.0.0.1:${process.env.SANDBOXFLEET_HTTP_PORT ?? '9464'}/metrics\n`);
+  console.log(`metrics          http://127.0.0.1:${process.env.SANDBOXFLEET_HTTP_PORT ?? '9464'}/metrics`);
+  console.log(`gRPC             127.0.0.1:${GRPC_PORT} (plaintext, loopback only: local dev mode)`);
+  console.log(`operate it with  node --import tsx cmd/sandboxctl/main.ts --insecure -s 127.0.0.1:${GRPC_PORT} hosts   (verify, drain HOST, events -f, ...)\n`);
 
   // Status table, read straight from the state store.
   const nc = await connectNats({ servers: nats.url, name: 'local-fleet-status', waitOnFirstConnect: true });

@@ -90,16 +90,20 @@ export function identityFromCertificate(cert: PeerCertificate | undefined, roleC
   if (byRunner && byAdmin) return named;
   const caRole: PeerRole | undefined = byRunner ? 'runner' : byAdmin ? 'admin' : undefined;
   if (caRole === undefined) return { role: undefined, name: named.name, localDev: false };
-  if (named.role !== undefined && named.role !== caRole) return { role: undefined, name: named.name, localDev: false };
-  if (named.role === undefined && namesSomeRole(cert)) return { role: undefined, name: named.name, localDev: false };
+  // Every role the certificate claims (sandboxfleet SPIFFE URIs, OUs naming a role) must be the CA's.
+  if (roleClaims(cert).some((claim) => claim !== caRole)) return { role: undefined, name: named.name, localDev: false };
   return { role: caRole, name: named.name, localDev: false };
 }
 
-/** True when the certificate names any sandboxfleet role claim (even an unknown or ambiguous one). */
-function namesSomeRole(cert: PeerCertificate): boolean {
-  const san = cert.subjectaltname ?? '';
-  const ou = cert.subject?.OU;
-  return san.includes(`URI:${SPIFFE_PREFIX}`) || (Array.isArray(ou) ? ou.length > 0 : ou !== undefined && ou !== '');
+/** Role claims of a certificate: each sandboxfleet SPIFFE URI's role segment, and OUs that name a role. */
+function roleClaims(cert: PeerCertificate): string[] {
+  const uris = (cert.subjectaltname ?? '').split(',').map((s) => s.trim()).filter((s) => s.startsWith(`URI:${SPIFFE_PREFIX}`));
+  const ous = cert.subject?.OU;
+  const ouList = Array.isArray(ous) ? ous : ous === undefined ? [] : [ous];
+  return [
+    ...uris.map((u) => u.slice(4 + SPIFFE_PREFIX.length).split('/')[0] ?? ''),
+    ...ouList.filter((o) => asRole(o) !== undefined),
+  ];
 }
 
 /** Role the certificate names itself: URI SAN first (it is what SPIFFE-issuing CAs set), then OU. */

@@ -151,8 +151,6 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
   if (parsed.data.heartbeatTtlMs <= parsed.data.heartbeatIntervalMs) {
     throw new Error('invalid control-plane configuration: heartbeatTtlMs must exceed heartbeatIntervalMs');
   }
-  const problem = grpcSecurityProblem(parsed.data);
-  if (problem !== undefined) throw new Error(`invalid control-plane configuration: ${problem}`);
   return parsed.data;
 }
 
@@ -164,7 +162,8 @@ export function isLoopbackHost(host: string): boolean {
 
 /**
  * R-R5: the gRPC transport must be mTLS (server cert + key + at least one client CA), or
- * explicitly insecure on a loopback host. Anything in between refuses to start: a control plane
+ * explicitly insecure on a loopback host. cmd/control-plane checks this before serving (kept out of
+ * loadControlPlaneConfig so tools that only read the other settings need no TLS material). Anything in between refuses to start: a control plane
  * that silently served plaintext, or served TLS without client authentication, would be worse
  * than one that does not start.
  */

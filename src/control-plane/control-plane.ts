@@ -1,7 +1,8 @@
 // The control-plane service, wired from its parts: host registry (any replica, queue group),
 // leader election, and — on the leader only — the liveness loop, the migration controller and
-// checkpoint retention. Exposes the RunnerBackend (for src/api's gRPC runner service) and operator
-// actions (drain/remove) for the admin service. cmd/control-plane builds one of these.
+// checkpoint retention. Exposes the RunnerBackend (for src/api's gRPC runner service) and the
+// operator façade `admin` (admin-ops.ts: queries, drain/remove/migrate/destroy, verify with the
+// reverse-probe responder, events) for the admin service. cmd/control-plane builds one of these.
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { ControlPlaneConfig } from '../config/control-plane.ts';
 import type { RunnerBackend } from '../core/runner-port.ts';
@@ -10,6 +11,7 @@ import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import type { ChunkStore } from '../store/chunk-store.ts';
 import type { StateStore } from '../store/connection.ts';
+import { AdminOps } from './admin-ops.ts';
 import { NatsAgentClient, type AgentPort } from './agent-client.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
 import { EventRecorder } from './events.ts';
@@ -21,6 +23,7 @@ import { MigrationController, type StepHook } from './migration-controller.ts';
 import { LeadershipRecordSchema } from './records.ts';
 import { collectCheckpoints } from './retention.ts';
 import { ControlPlaneRunnerBackend } from './runner-backend.ts';
+import { ProbeResponder } from './reverse-probe.ts';
 import { openRepositories, type ControlPlaneContext } from './state.ts';
 
 export interface ControlPlaneOptions {
@@ -49,6 +52,9 @@ export class ControlPlane {
   readonly controller: MigrationController;
   readonly liveness: LivenessLoop;
   readonly leader: LeaderElector;
+  /** Operator queries and commands (the admin service's backend). */
+  readonly admin: AdminOps;
+  readonly probes: ProbeResponder;
   #timer: NodeJS.Timeout | undefined;
   #running: Promise<void> | undefined;
   #stopped = false;
@@ -71,8 +77,11 @@ export class ControlPlane {
       replicaId: opts.replicaId,
     };
     this.runner = new ControlPlaneRunnerBackend(this.ctx);
-    this.registry = new HostRegistry(this.ctx, policyFrom(this.ctx, opts.buildSha));
+    const policy = policyFrom(this.ctx, opts.buildSha);
+    this.registry = new HostRegistry(this.ctx, policy);
     this.controller = new MigrationController(this.ctx, opts.stepHook);
+    this.probes = new ProbeResponder(opts.nc, opts.replicaId, now, logger);
+    this.admin = new AdminOps(this.ctx, opts.store, policy, this.controller, this.probes, opts.buildSha);
     this.liveness = new LivenessLoop(this.ctx);
     this.leader = new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
   }
@@ -80,6 +89,7 @@ export class ControlPlane {
   /** Serve registrations/heartbeats and start the leader loop. */
   start(): void {
     this.registry.start(this.opts.nc);
+    this.probes.start();
     void (async () => {
       for await (const s of this.opts.nc.status()) {
         if (s.type === 'disconnect') this.liveness.natsAvailable(false);
@@ -139,6 +149,7 @@ export class ControlPlane {
     this.#stopped = true;
     if (this.#timer) clearTimeout(this.#timer);
     await this.#running?.catch(() => undefined);
+    this.probes.stop();
     await this.registry.stop();
     await this.leader.resign();
   }

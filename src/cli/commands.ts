@@ -1,0 +1,363 @@
+// The `sandboxctl` / `kubectl sandbox` command tree (R-I7, R-H7): hosts, groups, checkpoints,
+// drain, remove, migrate, destroy, verify, events. Each command is one AdminService call (events:
+// one server stream) printed as a table, JSON or YAML. Exit codes: 0 success, 1 a failed call or
+// a failed verification (any mismatch), 2 a usage error. Mutating commands send a fresh
+// idempotency key unless --idempotency-key repeats one (R-I1), so a retry after a timeout is safe.
+import { Command, InvalidArgumentError, Option } from 'commander';
+import { randomUUID } from 'node:crypto';
+import {
+  CheckpointInfo,
+  DestroyGroupResponse,
+  DrainHostResponse,
+  GetGroupResponse,
+  GetHostResponse,
+  ListCheckpointsResponse,
+  ListEventsRequest,
+  ListEventsResponse,
+  ListGroupsResponse,
+  ListHostsResponse,
+  MigrateGroupResponse,
+  RemoveHostResponse,
+  VerifyResponse,
+  type AdminServiceClient,
+  type Host,
+  type HostVerification,
+} from '../gen/sandboxfleet/v1/admin.ts';
+import { GroupState, HostState, groupStateFromJSON, groupStateToJSON, hostStateFromJSON, hostStateToJSON, stopOutcomeToJSON, type Event, type Group } from '../gen/sandboxfleet/v1/common.ts';
+import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
+import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
+import { age, bytes, isoTime, OUTPUT_FORMATS, short, streamed, structured, table, type OutputFormat } from './output.ts';
+
+/** Where a command writes; tests and the binary pass process streams. */
+export interface CliIo {
+  readonly out: (text: string) => void;
+  readonly err: (text: string) => void;
+  readonly now?: () => number;
+}
+
+interface GlobalOptions extends ConnectionOptions {
+  readonly output: OutputFormat;
+}
+
+/** Thrown by a command that ran but must exit non-zero (e.g. verify found a mismatch). */
+export class ExitCode extends Error {
+  constructor(readonly code: number, message = '') {
+    super(message);
+  }
+}
+
+const stateName = (s: string, prefix: string) => (s.startsWith(prefix) ? s.slice(prefix.length) : s);
+const hostState = (s: HostState) => stateName(hostStateToJSON(s), 'HOST_STATE_');
+const groupState = (s: GroupState) => stateName(groupStateToJSON(s), 'GROUP_STATE_');
+
+function parseHostStateFilter(v: string): HostState {
+  const s = hostStateFromJSON(`HOST_STATE_${v.toUpperCase()}`);
+  if (s === HostState.UNSPECIFIED || (s as number) === -1) throw new InvalidArgumentError(`unknown host state ${v}`);
+  return s;
+}
+
+function parseGroupStateFilter(v: string): GroupState {
+  const s = groupStateFromJSON(`GROUP_STATE_${v.toUpperCase()}`);
+  if (s === GroupState.UNSPECIFIED || (s as number) === -1) throw new InvalidArgumentError(`unknown group state ${v}`);
+  return s;
+}
+
+function parseNonNegativeInt(v: string): number {
+  if (!/^\d{1,15}$/.test(v)) throw new InvalidArgumentError('must be a non-negative integer');
+  return Number(v);
+}
+
+function hostRows(hosts: readonly Host[], now: number): string[][] {
+  return hosts.map((h) => [
+    h.hostId,
+    hostState(h.state),
+    String(h.hostEpoch),
+    String(h.groupCount),
+    h.lastHeartbeatAtUnixMs > 0 ? age(now - h.lastHeartbeatAtUnixMs) : '-',
+    h.leaseExpiresAtUnixMs > 0 ? isoTime(h.leaseExpiresAtUnixMs) : '-',
+    short(h.attestation?.agentBuildSha ?? ''),
+    h.attestation?.bridge?.helperVersion || '-',
+    [...h.refusalReasons, h.removalSource].filter((r) => r !== '').join(',') || '-',
+  ]);
+}
+const HOST_HEADER = ['HOST', 'STATE', 'EPOCH', 'GROUPS', 'HEARTBEAT', 'LEASE-END', 'AGENT-SHA', 'BRIDGE', 'REASONS'];
+
+function groupRows(groups: readonly Group[]): string[][] {
+  return groups.map((g) => [
+    g.groupId,
+    g.conversationId,
+    groupState(g.state),
+    g.hostId,
+    String(g.placementGeneration),
+    stateName(stopOutcomeToJSON(g.stopOutcome), 'STOP_OUTCOME_').replace('UNSPECIFIED', '-'),
+    String(g.members.length),
+    g.latestCheckpointId || '-',
+    g.lossReason || '-',
+  ]);
+}
+const GROUP_HEADER = ['GROUP', 'CONVERSATION', 'STATE', 'HOST', 'GEN', 'STOP', 'MEMBERS', 'CHECKPOINT', 'LOSS'];
+
+function checkpointRows(cps: readonly CheckpointInfo[], now: number): string[][] {
+  return cps.map((c) => [
+    c.manifest?.checkpointId ?? '-',
+    c.manifest?.groupId ?? '-',
+    c.manifest?.sourceHostId ?? '-',
+    c.manifest && c.manifest.createdAtUnixMs > 0 ? age(now - c.manifest.createdAtUnixMs) : '-',
+    bytes(c.totalBytes),
+    c.latest ? 'yes' : 'no',
+    c.unusableReason === '' ? 'yes' : c.unusableReason,
+  ]);
+}
+
+function verifyRows(hosts: readonly HostVerification[]): string[][] {
+  const mark = (ok: boolean, v: string) => `${v}${ok ? '' : ' ✗'}`;
+  return hosts.map((h) => [
+    h.hostId,
+    hostState(h.state),
+    mark(h.agentBuildShaOk, short(h.agentBuildSha)),
+    mark(h.apiShaOk, short(h.apiSha)),
+    mark(h.imageDigestOk, short(h.imageDigest)),
+    mark(h.bridgeVersionOk, h.bridgeVersion === 0 ? '-' : String(h.bridgeVersion)),
+    h.probe?.ok ? `ok ${h.probe.roundTripMs}ms (cb ${h.probe.callbackRoundTripMs}ms via ${h.probe.answeredBy})` : `FAILED${h.probe?.error ? `: ${h.probe.error}` : ''}`,
+    mark(h.heartbeatOk, h.heartbeatAgeMs < 0 ? 'never' : age(h.heartbeatAgeMs)),
+    h.ok ? 'OK' : 'MISMATCH',
+  ]);
+}
+
+function eventLine(e: Event): string {
+  const transition = e.fromState !== '' || e.toState !== '' ? ` ${e.fromState || '∅'}→${e.toState || '∅'}` : '';
+  const detail = Object.entries(e.detail).map(([k, v]) => `${k}=${v}`).join(' ');
+  return `${String(e.seq).padStart(6)}  ${isoTime(e.timeUnixMs)}  ${e.subjectKind}/${e.subjectId}  ${e.type}${transition}${e.reason ? `  reason=${e.reason}` : ''}${detail ? `  ${detail}` : ''}`;
+}
+
+/** Builds the program. `io` receives all output; errors surface as exceptions for main() to map. */
+export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): Command {
+  const now = io.now ?? Date.now;
+  const program = new Command('sandboxctl')
+    .description('Operate a Sandbox Fleet control plane (also installed as `kubectl sandbox`).')
+    .showHelpAfterError()
+    .configureOutput({ writeOut: (s) => io.out(s.trimEnd()), writeErr: (s) => io.err(s.trimEnd()) })
+    .exitOverride()
+    .option('-s, --server <host:port>', 'control plane gRPC address [env SANDBOXFLEET_SERVER, default 127.0.0.1:7443]')
+    .option('--ca <file>', 'CA bundle that signed the server certificate [env SANDBOXFLEET_CA]')
+    .option('--cert <file>', 'admin client certificate (PEM) [env SANDBOXFLEET_CERT]')
+    .option('--key <file>', 'admin client key (PEM) [env SANDBOXFLEET_KEY]')
+    .option('--insecure', 'plaintext, no client certificate: loopback dev control plane only [env SANDBOXFLEET_INSECURE=1]')
+    .option('--timeout <ms>', 'deadline of each call in milliseconds', parseNonNegativeInt, 30_000)
+    .addOption(new Option('-o, --output <format>', 'output format').choices(OUTPUT_FORMATS as string[]).default('table'));
+
+  const globals = (cmd: Command): GlobalOptions => cmd.optsWithGlobals<GlobalOptions>();
+  const withClient = async <T>(cmd: Command, fn: (client: AdminServiceClient, g: GlobalOptions, timeoutMs: number) => Promise<T>): Promise<T> => {
+    const g = globals(cmd);
+    const conn = resolveConnection(g, env);
+    const client = adminClient(conn);
+    try {
+      return await fn(client, g, conn.timeoutMs);
+    } finally {
+      client.close();
+    }
+  };
+  const print = (g: GlobalOptions, json: unknown, render: () => string) => io.out(g.output === 'table' ? render() : structured(json, g.output));
+  const key = (cmd: Command) => (cmd.opts<{ idempotencyKey?: string }>().idempotencyKey ?? `sandboxctl-${randomUUID()}`);
+
+  program.command('hosts')
+    .description('list hosts with state, epoch, heartbeat age, lease and attestation (R-H1..R-H4)')
+    .argument('[host]', 'show one host in detail')
+    .option('--state <state>', 'only hosts in this state (ready, draining, unattested, ...)', parseHostStateFilter)
+    .action(async (host: string | undefined, opts: { state?: HostState }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      if (host !== undefined) {
+        const res = await call(client, client.getHost, { hostId: host }, t);
+        print(g, GetHostResponse.toJSON(res), () => {
+          const h = res.host!;
+          const a = h.attestation;
+          return [
+            table(HOST_HEADER, hostRows([h], now())),
+            '',
+            `agent sha:     ${a?.agentBuildSha || '-'}`,
+            `api sha:       ${a?.apiSha || '-'}`,
+            `image:         ${a?.imageRef || '-'} (${a?.imageDigest || '-'})`,
+            `docker:        ${a?.engineVersion || '-'} / ${a?.storageDriver || '-'}`,
+            `capacity:      ${h.capacity?.usedMembers ?? 0}/${h.capacity?.maxMembers ?? 0} members`,
+            `mismatches:    ${h.attestationMismatches.join('; ') || '-'}`,
+          ].join('\n');
+        });
+        return;
+      }
+      const hosts: Host[] = [];
+      let pageToken = '';
+      do {
+        const res = await call(client, client.listHosts, { state: opts.state ?? HostState.UNSPECIFIED, pageSize: 1000, pageToken }, t);
+        hosts.push(...res.hosts);
+        pageToken = res.nextPageToken;
+      } while (pageToken !== '');
+      print(g, ListHostsResponse.toJSON({ hosts, nextPageToken: '' }), () => table(HOST_HEADER, hostRows(hosts, now())));
+    }));
+
+  program.command('groups')
+    .description('list sandbox groups (R-G1)')
+    .argument('[group]', 'show one group with its members')
+    .option('--host <host>', 'only groups placed on this host')
+    .option('--state <state>', 'only groups in this state (running, stopped, lost, ...)', parseGroupStateFilter)
+    .action(async (group: string | undefined, opts: { host?: string; state?: GroupState }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      if (group !== undefined) {
+        const res = await call(client, client.getGroup, { groupId: group }, t);
+        print(g, GetGroupResponse.toJSON(res), () => [
+          table(GROUP_HEADER, groupRows([res.group!])),
+          '',
+          table(['MEMBER', 'STATE', 'LOCATOR', 'TURNS', 'CONTAINER', 'LOSS'], (res.group?.members ?? []).map((m) => [
+            m.memberId, String(m.state), m.savedLocator || '-', String(m.completedTurns), short(m.containerId), m.lossReason || '-',
+          ])),
+        ].join('\n'));
+        return;
+      }
+      const groups: Group[] = [];
+      let pageToken = '';
+      do {
+        const res = await call(client, client.listGroups, { hostId: opts.host ?? '', state: opts.state ?? GroupState.UNSPECIFIED, pageSize: 1000, pageToken }, t);
+        groups.push(...res.groups);
+        pageToken = res.nextPageToken;
+      } while (pageToken !== '');
+      print(g, ListGroupsResponse.toJSON({ groups, nextPageToken: '' }), () => table(GROUP_HEADER, groupRows(groups)));
+    }));
+
+  program.command('checkpoints')
+    .description('list checkpoints and whether each could be used now (R-G3, R-G4, R-G7)')
+    .option('--group <group>', 'only checkpoints of this group')
+    .action(async (opts: { group?: string }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      const checkpoints: CheckpointInfo[] = [];
+      let pageToken = '';
+      do {
+        const res = await call(client, client.listCheckpoints, { groupId: opts.group ?? '', pageSize: 1000, pageToken }, t);
+        checkpoints.push(...res.checkpoints);
+        pageToken = res.nextPageToken;
+      } while (pageToken !== '');
+      print(g, ListCheckpointsResponse.toJSON({ checkpoints, nextPageToken: '' }), () =>
+        table(['CHECKPOINT', 'GROUP', 'SOURCE-HOST', 'AGE', 'SIZE', 'LATEST', 'USABLE'], checkpointRows(checkpoints, now())));
+    }));
+
+  program.command('drain')
+    .description('stop, checkpoint and move every group off a host, then keep it out of placement (R-H5)')
+    .argument('<host>')
+    .option('--reason <text>', 'why, for the event log', '')
+    .option('--idempotency-key <key>', 'repeat a previous call safely')
+    .action(async (host: string, opts: { reason: string }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      const res = await call(client, client.drainHost, { idempotencyKey: key(cmd), hostId: host, reason: opts.reason }, t);
+      print(g, DrainHostResponse.toJSON(res), () => `host ${host} ${hostState(res.host?.state ?? HostState.UNSPECIFIED)}: ${res.host?.groupCount ?? 0} group(s) to move`);
+    }));
+
+  program.command('remove')
+    .description('drain a host, then remove it (its epoch is revoked) (R-H5, R-H6)')
+    .argument('<host>')
+    .option('--force', 'skip the drain: groups on the host are handled as unplanned loss (R-G6)')
+    .option('--reason <text>', 'why, for the event log', '')
+    .option('--idempotency-key <key>', 'repeat a previous call safely')
+    .action(async (host: string, opts: { force?: boolean; reason: string }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      const res = await call(client, client.removeHost, { idempotencyKey: key(cmd), hostId: host, reason: opts.reason, force: opts.force === true }, t);
+      print(g, RemoveHostResponse.toJSON(res), () => `host ${host} ${hostState(res.host?.state ?? HostState.UNSPECIFIED)}`);
+    }));
+
+  program.command('migrate')
+    .description('move a cleanly stopped group to another host via a checkpoint (R-G3..R-G5)')
+    .argument('<group>')
+    .option('--to <host>', 'target host (default: placement chooses a READY host)')
+    .option('--idempotency-key <key>', 'repeat a previous call safely')
+    .action(async (group: string, opts: { to?: string }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      // A migration moves whole writable layers: give it at least five minutes.
+      const res = await call(client, client.migrateGroup, { idempotencyKey: key(cmd), groupId: group, targetHostId: opts.to ?? '' }, t, Math.max(t, 300_000));
+      print(g, MigrateGroupResponse.toJSON(res), () =>
+        `group ${group} ${groupState(res.group?.state ?? GroupState.UNSPECIFIED)} on ${res.group?.hostId ?? '-'} (checkpoint ${res.checkpointId}, ${res.durationMs} ms)${res.group?.lossReason ? ` loss=${res.group.lossReason}` : ''}`);
+      if (res.group?.state === GroupState.LOST) throw new ExitCode(1);
+    }));
+
+  program.command('destroy')
+    .description('destroy a group: containers removed, checkpoints garbage-collected (R-G1, R-G7)')
+    .argument('<group>')
+    .option('--idempotency-key <key>', 'repeat a previous call safely')
+    .action(async (group: string, _opts: unknown, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      const res = await call(client, client.destroyGroup, { idempotencyKey: key(cmd), groupId: group }, t);
+      print(g, DestroyGroupResponse.toJSON(res), () => `group ${group} ${groupState(res.group?.state ?? GroupState.UNSPECIFIED)}`);
+    }));
+
+  program.command('verify')
+    .description('deployment verification (R-H7): SHAs vs expected, reverse probe, heartbeat age; exits 1 on any mismatch')
+    .argument('[hosts...]', 'hosts to verify (default: every host not REMOVED)')
+    .option('--probe-timeout <ms>', 'reverse probe timeout per host', parseNonNegativeInt, 5_000)
+    .action(async (hosts: string[], opts: { probeTimeout: number }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      const res = await call(client, client.verify, { hostIds: hosts, probeTimeoutMs: opts.probeTimeout }, t, Math.max(t, opts.probeTimeout * 2 + 5_000));
+      print(g, VerifyResponse.toJSON(res), () => {
+        const lines = [
+          `control plane ${res.controlPlaneReplica} build ${short(res.controlPlaneBuildSha)}; expected api sha ${short(res.expectedApiSha)}, bridge ${res.expectedBridgeVersion}, agent shas ${res.allowedAgentBuildShas.map((s) => short(s)).join(',') || '-'}`,
+          '',
+          table(['HOST', 'STATE', 'AGENT-SHA', 'API-SHA', 'IMAGE', 'BRIDGE', 'REVERSE-PROBE', 'HEARTBEAT', 'RESULT'], verifyRows(res.hosts)),
+        ];
+        for (const h of res.hosts) for (const m of h.mismatches) lines.push(`${h.hostId}: ${m}`);
+        if (res.hosts.length === 0) lines.push('no hosts to verify');
+        lines.push('', res.ok ? 'verify: OK' : 'verify: MISMATCH');
+        return lines.join('\n');
+      });
+      if (!res.ok) throw new ExitCode(1);
+    }));
+
+  program.command('events')
+    .description('the audit log, oldest first (R-R1); -f keeps following')
+    .option('-f, --follow', 'keep streaming new events')
+    .option('--from <seq>', 'first sequence number', parseNonNegativeInt, 0)
+    .option('--subject <kind/id>', 'only events about one subject, e.g. group/g-1234 or host/host-a')
+    .option('--limit <n>', 'stop after n events (default 1000 without -f)', parseNonNegativeInt, 0)
+    .action(async (opts: { follow?: boolean; from: number; subject?: string; limit: number }, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      let subjectKind = '';
+      let subjectId = '';
+      if (opts.subject !== undefined) {
+        const slash = opts.subject.indexOf('/');
+        subjectKind = slash < 0 ? opts.subject : opts.subject.slice(0, slash);
+        subjectId = slash < 0 ? '' : opts.subject.slice(slash + 1);
+        if (subjectKind === '') throw new UsageError('--subject must be KIND or KIND/ID');
+      }
+      const request = ListEventsRequest.fromPartial({ fromSeq: opts.from, follow: opts.follow === true, subjectKind, subjectId, limit: opts.limit });
+      // Following has no deadline (it ends on Ctrl-C); a plain read gets the usual one.
+      const stream = client.listEvents(request, opts.follow ? {} : { deadline: Date.now() + t });
+      const stop = () => stream.cancel();
+      process.once('SIGINT', stop);
+      try {
+        await new Promise<void>((resolve, reject) => {
+          stream.on('data', (msg: ListEventsResponse) => {
+            const e = msg.event;
+            if (e === undefined) return;
+            io.out(g.output === 'table' ? eventLine(e) : streamed(ListEventsResponse.toJSON(msg), g.output));
+          });
+          stream.on('error', (err: { code?: number }) => (err.code === 1 /* CANCELLED by us */ ? resolve() : reject(toRunnerError(err))));
+          stream.on('end', () => resolve());
+        });
+      } finally {
+        process.removeListener('SIGINT', stop);
+      }
+    }));
+
+  return program;
+}
+
+/** Runs argv (without node and script) and returns the exit code; never calls process.exit. */
+export async function runCli(argv: readonly string[], io: CliIo, env: NodeJS.ProcessEnv = process.env): Promise<number> {
+  const program = buildProgram(io, env);
+  try {
+    await program.parseAsync([...argv], { from: 'user' });
+    return 0;
+  } catch (err) {
+    if (err instanceof ExitCode) return err.code;
+    const e = err as { code?: string; exitCode?: number };
+    if (typeof e.code === 'string' && e.code.startsWith('commander.')) {
+      // Help and version exit 0; parse errors were already printed by commander.
+      return e.exitCode === 0 ? 0 : 2;
+    }
+    if (err instanceof UsageError) {
+      io.err(`sandboxctl: ${err.message}`);
+      return 2;
+    }
+    if (err instanceof RunnerError) {
+      io.err(`sandboxctl: ${err.codeName} ${err.reason}: ${err.message}`);
+      return 1;
+    }
+    io.err(`sandboxctl: ${(err as Error).message ?? String(err)}`);
+    return 1;
+  }
+}

@@ -1,0 +1,490 @@
+// The operator façade of the control plane (R-I1 admin service, R-I7 `sandboxctl`): read views of
+// hosts, groups and checkpoints; drain/remove (R-H5); an operator-requested migration of a clean
+// STOPPED group (R-G3..R-G5); explicit destroy (R-G1); deployment verification with a reverse probe
+// (R-H7); the event log (R-R1). Writes go through the same CAS paths as the reconcile loops
+// (hosts.ts, GroupOps, MigrationController.step), so an operator action and a leader pass can
+// overlap safely: deterministic command ids and guarded compare-and-set make repeats harmless.
+import { randomBytes } from 'node:crypto';
+import type { CheckpointManifest as CoreManifest } from '../core/checkpoint-manifest.ts';
+import { AgentSubjects } from '../core/agent-subjects.ts';
+import { Conflict, NotFound, PreconditionFailed, REQUIRED_BRIDGE_VERSION, assessCheckpoint, type AttestationPolicy, type RemovalSource } from '../core/index.ts';
+import type { GroupView } from '../core/runner-port.ts';
+import type { HostVerification, ReverseProbe, VerifyResponse } from '../gen/sandboxfleet/v1/admin.ts';
+import { HostState } from '../gen/sandboxfleet/v1/common.ts';
+import { MAX_READ_LIMIT, type SequencedEvent } from '../store/event-log.ts';
+import type { StateStore } from '../store/connection.ts';
+import { AgentCommandFailed } from './agent-client.ts';
+import type { ControlPlaneBuckets } from './buckets.ts';
+import { readManifest, verifyCheckpoint } from './checkpoints.ts';
+import { candidates, describeError, isTerminal, listGroups, listHosts } from './fleet.ts';
+import { GroupOps } from './group-ops.ts';
+import { applyHostEvent } from './hosts.ts';
+import type { MigrationController } from './migration-controller.ts';
+import { chooseHost, eligibleHosts, type HostCandidate } from './placement.ts';
+import type { CheckpointRecord, Evacuation, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
+import type { ProbeResponder } from './reverse-probe.ts';
+import { Keys, type ControlPlaneContext } from './state.ts';
+
+/** One event of the audit log with its stream sequence. */
+export type AdminEvent = SequencedEvent;
+export type HostStateName = HostRecord['lifecycle']['state'];
+export type GroupStateName = GroupRecord['lifecycle']['state'];
+
+/** A host with what an operator needs next to it (R-H2..R-H4). */
+export interface HostDetail {
+  readonly record: HostRecord;
+  readonly revision: number;
+  readonly heartbeat: HeartbeatRecord | undefined;
+  /** Non-terminal groups placed on the host. */
+  readonly groupCount: number;
+}
+
+export interface CheckpointDetail {
+  readonly record: CheckpointRecord;
+  readonly manifest: CoreManifest | undefined;
+  readonly latest: boolean;
+  /** Why it could not be used for a migration now, judged without reading blobs; '' if usable. */
+  readonly unusableReason: string;
+}
+
+export interface MigrateOutcome {
+  readonly group: GroupView;
+  readonly checkpointId: string;
+  readonly targetHostId: string;
+  readonly durationMs: number;
+}
+
+export interface EventQuery {
+  /** First sequence (inclusive); 0 or 1 = the oldest retained. */
+  readonly fromSeq: number;
+  readonly follow: boolean;
+  readonly subjectKind?: string | undefined;
+  readonly subjectId?: string | undefined;
+  /** 0 = no limit when following, 1000 otherwise. */
+  readonly limit: number;
+  readonly signal?: AbortSignal | undefined;
+}
+
+const PROTO_HOST_STATE: Record<HostStateName, HostState> = {
+  REGISTERING: HostState.REGISTERING,
+  UNATTESTED: HostState.UNATTESTED,
+  READY: HostState.READY,
+  DRAINING: HostState.DRAINING,
+  SUSPECT: HostState.SUSPECT,
+  DEAD: HostState.DEAD,
+  REMOVED: HostState.REMOVED,
+};
+export const hostStateToProto = (s: HostStateName): HostState => PROTO_HOST_STATE[s];
+
+/** Verification of many hosts runs with this much parallelism (each is one NATS round trip). */
+const VERIFY_PARALLELISM = 8;
+const MAX_VERIFY_HOSTS = 1000;
+
+/**
+ * Event subject ids as EventRecorder files them (events.ts): characters outside the subject-token
+ * set become '~', so a host id with dots is found under the same token it was recorded with.
+ */
+export function eventSubjectToken(id: string): string {
+  return id.replace(/[^A-Za-z0-9_:=@+-]/g, '~');
+}
+
+export class AdminOps {
+  readonly #ops: GroupOps;
+
+  constructor(
+    private readonly ctx: ControlPlaneContext,
+    private readonly store: StateStore<ControlPlaneBuckets>,
+    private readonly policy: AttestationPolicy,
+    private readonly controller: MigrationController,
+    private readonly probes: ProbeResponder,
+    private readonly buildSha: string | undefined,
+  ) {
+    this.#ops = new GroupOps(ctx);
+  }
+
+  // ---- hosts ------------------------------------------------------------------------------------
+
+  async listHosts(state?: HostStateName): Promise<HostDetail[]> {
+    const [hosts, groups, beats] = await Promise.all([listHosts(this.ctx), listGroups(this.ctx), this.ctx.repos.heartbeats.list()]);
+    const byHost = new Map(beats.entries.map((e) => [e.value.hostId, e.value]));
+    return hosts
+      .filter((h) => state === undefined || h.value.lifecycle.state === state)
+      .map((h) => ({
+        record: h.value,
+        revision: h.revision,
+        heartbeat: byHost.get(h.value.hostId),
+        groupCount: groups.filter((g) => !isTerminal(g.value) && g.value.lifecycle.hostId === h.value.hostId).length,
+      }))
+      .sort((a, b) => (a.record.hostId < b.record.hostId ? -1 : a.record.hostId > b.record.hostId ? 1 : 0));
+  }
+
+  async getHost(hostId: string): Promise<HostDetail> {
+    const h = await this.ctx.repos.hosts.get(Keys.host(hostId));
+    if (h === undefined) throw new NotFound('host_not_found', `host ${hostId} is not registered`, { details: { hostId } });
+    const [beat, groups] = await Promise.all([this.ctx.repos.heartbeats.get(Keys.host(hostId)), listGroups(this.ctx)]);
+    return {
+      record: h.value,
+      revision: h.revision,
+      heartbeat: beat?.value,
+      groupCount: groups.filter((g) => !isTerminal(g.value) && g.value.lifecycle.hostId === hostId).length,
+    };
+  }
+
+  /** R-H5 operator drain: idempotent (draining an already draining host answers its state). */
+  async drainHost(hostId: string, source: RemovalSource = 'operator_drain'): Promise<HostDetail> {
+    const before = await this.getHost(hostId);
+    const state = before.record.lifecycle.state;
+    if (state !== 'READY' && state !== 'DRAINING' && state !== 'SUSPECT') {
+      throw new PreconditionFailed('invalid_transition', `host ${hostId} is ${state}: only READY, DRAINING or SUSPECT hosts can be drained`, { details: { hostId, state } });
+    }
+    await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source }, source);
+    return this.getHost(hostId);
+  }
+
+  /**
+   * R-H5 operator remove. A live host is drained first and becomes REMOVED (epoch ended) once it
+   * holds nothing (the migration controller does that). `force`, or a host that cannot be drained
+   * (UNATTESTED, DEAD, ...), is removed at once: its groups are handled as unplanned loss (R-G6).
+   */
+  async removeHost(hostId: string, force: boolean): Promise<HostDetail> {
+    const before = await this.getHost(hostId);
+    const state = before.record.lifecycle.state;
+    const drainable = state === 'READY' || state === 'DRAINING' || state === 'SUSPECT';
+    if (drainable) await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source: 'operator_remove' }, 'operator_remove');
+    if (force || !drainable) await applyHostEvent(this.ctx, hostId, { type: 'removed' }, force ? 'operator_remove (force)' : `operator_remove of a ${state} host`);
+    return this.getHost(hostId);
+  }
+
+  // ---- groups -----------------------------------------------------------------------------------
+
+  async listGroups(filter: { hostId?: string | undefined; state?: GroupStateName | undefined }): Promise<GroupView[]> {
+    const [groups, hosts] = await Promise.all([listGroups(this.ctx), listHosts(this.ctx)]);
+    const epochs = new Map(hosts.map((h) => [h.value.hostId, h.value.lifecycle.epoch]));
+    return groups
+      .filter((g) => (filter.hostId === undefined || g.value.lifecycle.hostId === filter.hostId) && (filter.state === undefined || g.value.lifecycle.state === filter.state))
+      .map((g) => groupView(g.value, g.revision, epochs.get(g.value.lifecycle.hostId) ?? 0))
+      .sort((a, b) => a.createdAtMs - b.createdAtMs || (a.groupId < b.groupId ? -1 : 1));
+  }
+
+  async getGroup(groupId: string): Promise<GroupView> {
+    const g = await this.#ops.get(groupId);
+    const host = await this.ctx.repos.hosts.get(Keys.host(g.value.lifecycle.hostId));
+    return groupView(g.value, g.revision, host?.value.lifecycle.epoch ?? 0);
+  }
+
+  /**
+   * Operator-requested move of a clean STOPPED group (R-G3..R-G5): checkpoint (or reuse the one of
+   * this exact state), verify every blob, check the target, write the migration intent together
+   * with a planned-evacuation mark (so a crash mid-way is finished or rolled back by the next
+   * leader exactly like a drain, R-R3), then drive the controller's steps to the end. Anything that
+   * makes the move unsafe is refused with FAILED_PRECONDITION and a reason; the group stays put.
+   */
+  async migrateGroup(groupId: string, targetHostId: string | undefined, signal?: AbortSignal): Promise<MigrateOutcome> {
+    const started = this.ctx.now();
+    const g = (await this.#ops.get(groupId)).value;
+    const lc = g.lifecycle;
+    if (lc.state !== 'STOPPED') {
+      throw new PreconditionFailed('invalid_transition', `group ${groupId} is ${lc.state}: only a cleanly STOPPED group can be migrated (stop it first)`, { details: { groupId, state: lc.state } });
+    }
+    if (lc.stop?.clean !== true) {
+      throw new PreconditionFailed('unclean_stop', `group ${groupId} was stopped uncleanly: it can resume only on its host ${lc.hostId} (R-G2)`, { details: { groupId, hostId: lc.hostId } });
+    }
+    if (g.evacuation !== undefined) {
+      throw new PreconditionFailed('invalid_transition', `group ${groupId} is already being evacuated (${g.evacuation.source})`, { details: { groupId, source: g.evacuation.source } });
+    }
+    if (targetHostId !== undefined && targetHostId === lc.hostId) {
+      throw new PreconditionFailed('invalid_transition', `group ${groupId} is already on ${targetHostId}`, { details: { groupId, hostId: targetHostId } });
+    }
+    if (targetHostId !== undefined && (await this.ctx.repos.hosts.get(Keys.host(targetHostId))) === undefined) {
+      throw new NotFound('host_not_found', `host ${targetHostId} is not registered`, { details: { hostId: targetHostId } });
+    }
+
+    const record = await this.#ops.checkpoint(groupId);
+    const [hosts, groups] = await Promise.all([listHosts(this.ctx), listGroups(this.ctx)]);
+    const pool = candidates(hosts.map((h) => h.value), groups.map((e) => e.value));
+    const need = { members: g.members.length, exclude: new Set([lc.hostId]), imageDigest: record.baseImageDigest, bridgeVersion: record.bridgeVersion };
+    let target: HostCandidate | undefined;
+    if (targetHostId !== undefined) {
+      target = eligibleHosts(pool, need).find((h) => h.hostId === targetHostId);
+      if (target === undefined) {
+        const why = ineligibility(pool.find((h) => h.hostId === targetHostId), need);
+        throw new PreconditionFailed('host_not_ready', `host ${targetHostId} cannot take group ${groupId}: ${why}`, { details: { groupId, hostId: targetHostId, why } });
+      }
+    } else {
+      target = chooseHost(pool, need);
+      if (target === undefined) {
+        throw new PreconditionFailed('host_not_ready', `no READY host other than ${lc.hostId} has room, image ${record.baseImageDigest} and bridge ${record.bridgeVersion}`, { details: { groupId, why: 'no_eligible_host' } });
+      }
+    }
+
+    // R-G4: every blob re-read and digest-verified, freshness and target compatibility judged.
+    const { summary } = await verifyCheckpoint(this.ctx.chunks, record);
+    const now = this.ctx.now();
+    const assessment = assessCheckpoint(
+      { groupId, activityVersion: lc.activityVersion, lastActivityAtMs: lc.lastActivityAtMs, memberIds: g.members.map((m) => m.session.memberId) },
+      summary,
+      { imageDigests: new Set([target.imageDigest]), bridgeVersion: target.bridgeVersion ?? -1 },
+      now,
+      this.ctx.config.checkpointMaxAgeMs,
+    );
+    if (!assessment.usable) {
+      throw new PreconditionFailed('checkpoint_not_usable', `checkpoint ${record.checkpointId} cannot be used: ${assessment.reasons.join(',')}`, {
+        details: { groupId, checkpointId: record.checkpointId, reasons: assessment.reasons.join(',') },
+      });
+    }
+    const evacuation: Evacuation = {
+      kind: 'planned',
+      // The stored vocabulary has no "operator migrate": an operator drain of this one group is the
+      // closest meaning (planned, source still alive, delete the source copy after the switch).
+      source: 'operator_drain',
+      sourceHostId: lc.hostId,
+      startedAtMs: now,
+      deadlineMs: now + this.ctx.config.evacuationDeadlineMs,
+      attempts: 0,
+      triedHostIds: [],
+    };
+    const intent = await this.#ops.transition(groupId, { type: 'migration_started', targetHostId: target.hostId, assessment }, `operator migrate to ${target.hostId}`,
+      (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion && c.evacuation === undefined,
+      () => ({ evacuation }));
+    if (intent === undefined) throw new Conflict('cas_conflict', `group ${groupId} changed while its migration was prepared; retry`, { details: { groupId } });
+
+    // Restore, prove, switch (R-G5) — the same steps a leader would run; a failed restore is
+    // retried elsewhere within the budget, then LOST, exactly as for a drain.
+    for (let i = 0; i < 16 && !(signal?.aborted ?? false); i++) {
+      if ((await this.controller.step(groupId)) !== 'progress') break;
+    }
+    const after = await this.getGroup(groupId);
+    return { group: after, checkpointId: record.checkpointId, targetHostId: after.state === 'MIGRATING' ? target.hostId : after.hostId, durationMs: this.ctx.now() - started };
+  }
+
+  /**
+   * Explicit destroy (R-G1): DESTROYED first by CAS (terminal: the runner can no longer use the
+   * group), then its containers are removed on the host. If the host cannot be reached now, the
+   * agent deletes them when it re-registers, since it no longer owns the group (R-H6). Checkpoints
+   * of destroyed groups are garbage-collected by retention (R-G7).
+   */
+  async destroyGroup(groupId: string): Promise<GroupView> {
+    const g = (await this.#ops.get(groupId)).value;
+    if (g.lifecycle.state === 'DESTROYED') return this.getGroup(groupId);
+    if (g.lifecycle.state === 'MIGRATING') {
+      throw new PreconditionFailed('invalid_transition', `group ${groupId} is MIGRATING: destroy it once the migration has finished`, { details: { groupId, state: 'MIGRATING' } });
+    }
+    const after = await this.#ops.transition(groupId, { type: 'destroyed' }, 'operator destroy',
+      (c) => c.lifecycle.state !== 'MIGRATING' && c.lifecycle.state !== 'DESTROYED' && c.lifecycle.generation === g.lifecycle.generation && c.lifecycle.hostId === g.lifecycle.hostId,
+      () => ({ evacuation: undefined }));
+    if (after === undefined) {
+      const now = (await this.#ops.get(groupId)).value;
+      if (now.lifecycle.state !== 'DESTROYED') throw new Conflict('cas_conflict', `group ${groupId} changed while it was destroyed; retry`, { details: { groupId } });
+    }
+    await this.#ops.deleteOn(g.lifecycle.hostId, groupId, g.lifecycle.generation, 'destroyed');
+    return this.getGroup(groupId);
+  }
+
+  // ---- checkpoints ------------------------------------------------------------------------------
+
+  async listCheckpoints(groupId: string | undefined): Promise<CheckpointDetail[]> {
+    const { entries } = groupId === undefined ? await this.ctx.repos.checkpoints.list() : await this.ctx.repos.checkpoints.list({ filter: Keys.checkpointsOf(groupId) });
+    const groups = new Map((await listGroups(this.ctx)).map((e) => [e.value.groupId, e.value]));
+    const now = this.ctx.now();
+    const records = entries.map((e) => e.value).filter((r) => groupId === undefined || r.groupId === groupId);
+    records.sort((a, b) => (a.groupId < b.groupId ? -1 : a.groupId > b.groupId ? 1 : b.createdAtMs - a.createdAtMs));
+    const out: CheckpointDetail[] = [];
+    for (const r of records) {
+      const g = groups.get(r.groupId);
+      const unusable =
+        g === undefined || isTerminal(g) ? 'group_gone'
+          : r.activityVersion !== g.lifecycle.activityVersion || r.createdAtMs < g.lifecycle.lastActivityAtMs || now - r.createdAtMs > this.ctx.config.checkpointMaxAgeMs ? 'stale_checkpoint'
+            : '';
+      out.push({ record: r, manifest: await readManifest(this.ctx.chunks, r.groupId, r.checkpointId), latest: g?.latestCheckpointId === r.checkpointId, unusableReason: unusable });
+    }
+    return out;
+  }
+
+  // ---- verification (R-H7) ----------------------------------------------------------------------
+
+  async verify(hostIds: readonly string[], probeTimeoutMs: number): Promise<VerifyResponse> {
+    const timeout = probeTimeoutMs > 0 ? Math.min(probeTimeoutMs, 60_000) : this.ctx.config.verifyProbeTimeoutMs;
+    let hosts: HostRecord[];
+    if (hostIds.length > 0) {
+      hosts = [];
+      for (const id of hostIds.slice(0, MAX_VERIFY_HOSTS)) {
+        const h = await this.ctx.repos.hosts.get(Keys.host(id));
+        if (h === undefined) throw new NotFound('host_not_found', `host ${id} is not registered`, { details: { hostId: id } });
+        hosts.push(h.value);
+      }
+    } else {
+      hosts = (await listHosts(this.ctx)).map((h) => h.value).filter((h) => h.lifecycle.state !== 'REMOVED').slice(0, MAX_VERIFY_HOSTS);
+      hosts.sort((a, b) => (a.hostId < b.hostId ? -1 : 1));
+    }
+    const results: HostVerification[] = new Array<HostVerification>(hosts.length);
+    let next = 0;
+    const worker = async () => {
+      for (let i = next++; i < hosts.length; i = next++) results[i] = await this.#verifyHost(hosts[i]!, timeout);
+    };
+    await Promise.all(Array.from({ length: Math.min(VERIFY_PARALLELISM, hosts.length) }, worker));
+    return {
+      allowedAgentBuildShas: [...this.policy.allowedAgentShas],
+      expectedApiSha: this.policy.apiSha,
+      allowedImageDigests: [...this.policy.allowedImageDigests],
+      expectedBridgeVersion: REQUIRED_BRIDGE_VERSION,
+      controlPlaneBuildSha: this.buildSha ?? '',
+      controlPlaneReplica: this.ctx.replicaId,
+      hosts: results,
+      ok: results.every((r) => r.ok),
+    };
+  }
+
+  async #verifyHost(host: HostRecord, timeoutMs: number): Promise<HostVerification> {
+    const a = host.attestation;
+    const mismatches: string[] = [];
+    const state = host.lifecycle.state;
+    if (state !== 'READY' && state !== 'DRAINING') mismatches.push(`state: ${state}${host.lifecycle.refusals?.length ? ` (${host.lifecycle.refusals.join(',')})` : ''}`);
+    const agentShaOk = this.policy.allowedAgentShas.has(a.agentSha);
+    if (!agentShaOk) mismatches.push(`agent_sha: ${a.agentSha || '(empty)'} not in the allowed set`);
+    const apiShaOk = a.apiSha === this.policy.apiSha;
+    if (!apiShaOk) mismatches.push(`api_sha: ${a.apiSha || '(empty)'}, expected ${this.policy.apiSha}`);
+    const imageOk = this.policy.allowedImageDigests.has(a.imageDigest);
+    if (!imageOk) mismatches.push(`image_digest: ${a.imageDigest || '(empty)'} not allowed`);
+    const bridgeOk = a.bridgeVersion === REQUIRED_BRIDGE_VERSION;
+    if (!bridgeOk) mismatches.push(`bridge_version: ${a.bridgeVersion ?? 'unproven'}, expected ${REQUIRED_BRIDGE_VERSION}`);
+
+    const beat = (await this.ctx.repos.heartbeats.get(Keys.host(host.hostId)))?.value;
+    const current = beat !== undefined && beat.epoch === host.lifecycle.epoch;
+    const heartbeatAgeMs = current ? Math.max(0, this.ctx.now() - beat.receivedAtMs) : -1;
+    const heartbeatOk = heartbeatAgeMs >= 0 && heartbeatAgeMs <= this.ctx.config.heartbeatTtlMs;
+    if (!heartbeatOk) mismatches.push(heartbeatAgeMs < 0 ? `heartbeat: none for epoch ${host.lifecycle.epoch}` : `heartbeat: ${heartbeatAgeMs} ms old (TTL ${this.ctx.config.heartbeatTtlMs} ms)`);
+
+    const probe = await this.#probe(host, timeoutMs);
+    if (!probe.result.ok) mismatches.push(`reverse probe: ${probe.result.error || 'failed'}`);
+    // The echo carries the SHAs of the build that is running now, not the one that registered.
+    if (probe.echo !== undefined) {
+      if (probe.echo.agentBuildSha !== a.agentSha) mismatches.push(`agent_sha: running ${probe.echo.agentBuildSha || '(empty)'} differs from registered ${a.agentSha}`);
+      if (probe.echo.apiSha !== a.apiSha) mismatches.push(`api_sha: running ${probe.echo.apiSha || '(empty)'} differs from registered ${a.apiSha}`);
+    }
+    const runningShaOk = probe.echo === undefined || (probe.echo.agentBuildSha === a.agentSha && probe.echo.apiSha === a.apiSha);
+    return {
+      hostId: host.hostId,
+      state: hostStateToProto(state),
+      agentBuildSha: probe.echo?.agentBuildSha || a.agentSha,
+      agentBuildShaOk: agentShaOk && (probe.echo === undefined || probe.echo.agentBuildSha === a.agentSha),
+      apiSha: probe.echo?.apiSha || a.apiSha,
+      apiShaOk: apiShaOk && (probe.echo === undefined || probe.echo.apiSha === a.apiSha),
+      imageDigest: a.imageDigest,
+      imageDigestOk: imageOk,
+      bridgeVersion: a.bridgeVersion ?? 0,
+      bridgeVersionOk: bridgeOk,
+      probe: probe.result,
+      heartbeatAgeMs,
+      heartbeatOk,
+      ok: mismatches.length === 0 && runningShaOk,
+      mismatches,
+    };
+  }
+
+  /** Reverse probe: command → agent → echo on the host's probe subject → ack → command result. */
+  async #probe(host: HostRecord, timeoutMs: number): Promise<{ result: ReverseProbe; echo: { agentBuildSha: string; apiSha: string } | undefined }> {
+    const failed = (error: string, roundTripMs = 0): { result: ReverseProbe; echo: undefined } => ({
+      result: { ok: false, roundTripMs, callbackRoundTripMs: 0, answeredBy: '', error: error.slice(0, 512) },
+      echo: undefined,
+    });
+    let subject: string;
+    try {
+      subject = AgentSubjects.probeCallback(host.hostId);
+    } catch {
+      return failed('host id is not a valid subject token');
+    }
+    if (host.lifecycle.state === 'REMOVED') return failed('host is REMOVED');
+    const nonce = randomBytes(16).toString('hex');
+    const pending = this.probes.expect(host.hostId, nonce);
+    const t0 = performance.now();
+    try {
+      const res = await this.ctx.agents.send({ hostId: host.hostId, epoch: host.lifecycle.epoch, generation: 0 }, `probe-${nonce}`, { $case: 'probe', value: { nonce, callbackSubject: subject } }, 'probe', timeoutMs);
+      const rtt = Math.round(performance.now() - t0);
+      const echo = await Promise.race([pending.echo, new Promise<undefined>((r) => setTimeout(() => r(undefined), 0))]);
+      if (res.nonce !== nonce) return failed('probe result carries another nonce', rtt);
+      if (!res.callbackOk || echo === undefined) return failed(res.error || 'the echo did not reach this replica', rtt);
+      return {
+        result: { ok: true, roundTripMs: rtt, callbackRoundTripMs: res.callbackRoundTripMs, answeredBy: res.answeredBy, error: '' },
+        echo: { agentBuildSha: echo.agentBuildSha, apiSha: echo.apiSha },
+      };
+    } catch (err) {
+      const rtt = Math.round(performance.now() - t0);
+      if (err instanceof AgentCommandFailed) return failed(`${err.outcome}: ${err.reason}`, rtt);
+      return failed(String(describeError(err).message ?? 'probe failed'), rtt);
+    } finally {
+      pending.cancel();
+    }
+  }
+
+  // ---- events (R-R1) ----------------------------------------------------------------------------
+
+  /** The audit log from a sequence, optionally following new appends until the signal aborts. */
+  async *events(q: EventQuery): AsyncGenerator<SequencedEvent> {
+    const filter = {
+      ...(q.subjectKind !== undefined ? { subjectKind: q.subjectKind } : {}),
+      ...(q.subjectId !== undefined ? { subjectId: eventSubjectToken(q.subjectId) } : {}),
+    };
+    const from = Math.max(1, q.fromSeq);
+    const limit = q.limit > 0 ? q.limit : q.follow ? Number.POSITIVE_INFINITY : MAX_READ_LIMIT;
+    let sent = 0;
+    if (q.follow) {
+      for await (const e of this.store.events.follow({ ...filter, fromSeq: from, ...(q.signal ? { signal: q.signal } : {}) })) {
+        yield e;
+        if (++sent >= limit) return;
+      }
+      return;
+    }
+    let seq = from;
+    while (sent < limit) {
+      const page = await this.store.events.read({ ...filter, fromSeq: seq, limit: Math.min(MAX_READ_LIMIT, limit - sent) });
+      for (const e of page.events) {
+        yield e;
+        sent++;
+      }
+      if (page.events.length + page.invalid.length === 0 || page.nextSeq === seq) return;
+      seq = page.nextSeq;
+    }
+  }
+}
+
+/** Why `host` is not an eligible migration target for `need` (placement.ts's rules, spelled out). */
+function ineligibility(host: HostCandidate | undefined, need: { members: number; imageDigest: string; bridgeVersion: number }): string {
+  if (host === undefined) return 'not registered';
+  if (host.lifecycle.state !== 'READY') return `host is ${host.lifecycle.state}`;
+  if (host.bridgeVersion === undefined) return 'live-bridge version unproven';
+  if (host.imageDigest !== need.imageDigest) return `image ${host.imageDigest} differs from the checkpoint's ${need.imageDigest}`;
+  if (host.bridgeVersion !== need.bridgeVersion) return `bridge version ${host.bridgeVersion} differs from the checkpoint's ${need.bridgeVersion}`;
+  if (host.maxMembers - host.usedMembers < need.members) return `no room for ${need.members} member(s)`;
+  return 'not eligible';
+}
+
+/** The runner-port view of a group record (what GetGroupState answers too). */
+export function groupView(g: GroupRecord, revision: number, hostEpoch: number): GroupView {
+  return {
+    groupId: g.groupId,
+    conversationId: g.conversationId,
+    state: g.lifecycle.state,
+    hostId: g.lifecycle.hostId,
+    hostEpoch,
+    generation: g.lifecycle.generation,
+    stopClean: g.lifecycle.stop?.clean,
+    lostReason: g.lifecycle.lostReason,
+    members: g.members.map((m) => ({
+      memberId: m.session.memberId,
+      cli: m.session.cli,
+      phase: m.session.phase,
+      savedLocator: m.session.savedLocator,
+      containerId: m.containerId,
+      turnInFlightId: m.session.inFlight?.turnId,
+      completedTurns: m.session.completedTurns,
+      lastContextState: m.lastContextState,
+      lostReason: m.session.lostReason,
+    })),
+    latestCheckpointId: g.latestCheckpointId,
+    createdAtMs: g.createdAtMs,
+    updatedAtMs: g.updatedAtMs,
+    lastActivityAtMs: g.lifecycle.lastActivityAtMs,
+    activityVersion: g.lifecycle.activityVersion,
+    revision,
+  };
+}
