@@ -273,8 +273,18 @@ export type CompleteOutcome =
 export function completeTurn(member: MemberSession, completion: TurnCompletion): CompleteOutcome {
   const inFlight = member.inFlight;
   if (member.phase !== 'IN_TURN' || inFlight === undefined || inFlight.turnId !== completion.turnId) {
-    if (member.lastTurn?.turnId === completion.turnId) {
-      return { ok: true, member, outcome: member.lastTurn.outcome, duplicate: true };
+    const last = member.lastTurn;
+    if (last?.turnId === completion.turnId) {
+      // A repeated end of a refused turn is refused again, with the same reason: the runner must
+      // see the same answer however it retries (R-S2, idempotency).
+      const refused = last.outcome === 'locator_mismatch' || last.outcome === 'locator_missing';
+      return {
+        ok: true,
+        member,
+        outcome: last.outcome,
+        ...(refused ? { refusal: new IdentityRefused(last.outcome, `turn ${completion.turnId} was refused at its end: ${last.outcome}`, { details: { memberId: member.memberId, phase: 'end' } }) } : {}),
+        duplicate: true,
+      };
     }
     return { ok: false, error: new NotFound('turn_not_found', `no turn ${completion.turnId} in flight`, { details: { memberId: member.memberId } }) };
   }

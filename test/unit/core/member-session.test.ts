@@ -168,6 +168,16 @@ describe('complete: locators and evidence (R-S2, R-S5, R-S6)', () => {
     const unknown = completeTurn(c.member, { turnId: 'zz', observedLocator: L1, end: success });
     expect(!unknown.ok && [unknown.error.status, unknown.error.reason]).toEqual(['NOT_FOUND', 'turn_not_found']);
   });
+
+  it('a repeated end of a turn refused for its locator is refused again with the same reason', () => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
+    const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L2, end: success }));
+    expect(c.refusal?.reason).toBe('locator_mismatch');
+    const again = completed(completeTurn(c.member, { turnId: 't2', observedLocator: L1, end: success }));
+    expect(again).toMatchObject({ duplicate: true, outcome: 'locator_mismatch', member: c.member });
+    expect([again.refusal?.reason, again.refusal?.status]).toEqual(['locator_mismatch', 'FAILED_PRECONDITION']);
+    expect(again.member.savedLocator).toBe(L1);
+  });
 });
 
 describe('process and container events', () => {
