@@ -16,6 +16,7 @@ import { parseArgs } from 'node:util';
 import type Docker from 'dockerode';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
+import { captureLayer } from '../../src/host-agent/layer/capture.ts';
 import { fetchLayer, storeLayer } from '../../src/host-agent/layer/layer-transfer.ts';
 import { startDockerHosts, destroyAll, type DockerHost } from '../../test/support/docker.ts';
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
@@ -74,6 +75,7 @@ function rawLimit(upper: string): number {
 }
 
 async function main(): Promise<void> {
+  const loadStart = (await import('node:os')).loadavg();
   let hosts: DockerHost[] = [];
   let nats: TestNats | undefined;
   const scratch = `/tmp/sf-bench-${process.pid}`;
@@ -93,7 +95,7 @@ async function main(): Promise<void> {
     rawLimit(upper); // warm the page cache so every contender reads from memory
 
     const raw: number[] = [], ours: number[] = [], commitSave: number[] = [], oursRestore: number[] = [], loadCreate: number[] = [];
-    const capturePhases: { capture_store_s: number; fetch_restore_s: number; create_s: number }[] = [];
+    const capturePhases: Record<string, number>[] = [];
     let lastStore: ChunkStore | undefined;
     let firstStoredBytes = 0;
     for (let r = 0; r < rounds; r++) {
@@ -120,12 +122,36 @@ async function main(): Promise<void> {
       });
       commitSave.push(tCommitSave);
 
-      // Ours restore on host B: docker create from the same base image id, then fetch+verify+extract.
-      const [tCreate, target] = await timed(() => createSandbox(b.docker, image.imageId, `bench-restore-${r}`));
-      const targetUpper = await upperDirOf(target);
-      const [tFetch] = await timed(() => fetchLayer(stored.layer, store, targetUpper));
-      oursRestore.push(tCreate + tFetch);
-      capturePhases.push({ capture_store_s: tStore, fetch_restore_s: tFetch, create_s: tCreate });
+      // Ours restore on host B: docker create from the same base image id, overlapped with the
+      // first chunk fetches (fetchLayer takes the target dir as a promise), then verify+extract.
+      let tCreate = 0;
+      let target: Docker.Container | undefined;
+      const t0 = process.hrtime.bigint();
+      const targetUpper = createSandbox(b.docker, image.imageId, `bench-restore-${r}`).then(async (c) => {
+        target = c;
+        tCreate = Number(process.hrtime.bigint() - t0) / 1e9;
+        return upperDirOf(c);
+      });
+      const [tCreateFetch] = await timed(() => fetchLayer(stored.layer, store, targetUpper));
+      oursRestore.push(tCreateFetch);
+
+      // Where the time goes (not part of the comparison): each side's stages alone.
+      const [tCaptureOnly] = await timed(async () => {
+        const c = captureLayer(upper, { hashLayer: false });
+        for await (const piece of c.stream) void piece;
+        await c.done;
+      });
+      const [tFetchOnly] = await timed(async () => {
+        for await (const chunk of store.read(stored.layer.chunks)) void chunk;
+      });
+      capturePhases.push({
+        capture_store_s: tStore,
+        capture_tar_parse_only_s: tCaptureOnly,
+        create_fetch_restore_s: tCreateFetch,
+        create_s: tCreate,
+        fetch_verify_only_s: tFetchOnly,
+        chunks: stored.layer.chunks.length,
+      });
 
       // Peer restore on host B: docker load of the committed image + docker create.
       const [tLoadCreate] = await timed(async () => {
@@ -138,7 +164,7 @@ async function main(): Promise<void> {
 
       // Clean up this round's peer artefacts so the next round starts equal.
       await b.docker.getContainer(`bench-peer-${r}`).remove({ force: true });
-      await target.remove({ force: true });
+      await target?.remove({ force: true });
       await b.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
       await a.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
       await rm(archive, { force: true });
@@ -149,6 +175,37 @@ async function main(): Promise<void> {
     await appendFile(jsonl, Buffer.alloc(MiB, '{"type":"user","message":"more"}\n'));
     const [tIncr, incr] = await timed(() => storeLayer(upper, lastStore as ChunkStore));
 
+    const os = await import('node:os');
+    const phaseMedian = (k: string) => median(capturePhases.map((p) => p[k] ?? Number.NaN));
+    const captureX = median(commitSave) / median(ours);
+    const restoreX = median(loadCreate) / median(oursRestore);
+    const incrFraction = incr.stats.storedBytes / firstStoredBytes;
+    const verdict = (name: string, ok: boolean, value: string) => `${name} ${value}: ${ok ? 'met' : 'MISSED'}`;
+    const phasesMedian = {
+      capture_store_s: median(ours),
+      capture_tar_parse_only_s: phaseMedian('capture_tar_parse_only_s'),
+      create_fetch_restore_s: median(oursRestore),
+      create_s: phaseMedian('create_s'),
+      fetch_verify_only_s: phaseMedian('fetch_verify_only_s'),
+      raw_tar_openssl_s: median(raw),
+    };
+    const notes = [
+      `${verdict('capture+store vs commit+save', captureX >= 3, `${captureX.toFixed(2)}x (target >= 3)`)}; ${verdict('restore vs load+create', restoreX >= 2, `${restoreX.toFixed(2)}x (target >= 2)`)}; ${verdict('incremental', incrFraction <= 0.05, `${(incrFraction * 100).toFixed(2)}% (target <= 5%)`)}.`,
+      `Load average at start ${loadStart.map((x) => x.toFixed(2)).join('/')}, at end ${os.loadavg().map((x) => x.toFixed(2)).join('/')} on ${os.cpus().length} cores: other work shares the CPU, and every contender here is CPU-bound, so absolute times scale with load; ratios are same-run.`,
+      `Where capture time goes (medians): tar+parse+OCI rewrite alone ${phasesMedian.capture_tar_parse_only_s.toFixed(2)} s of ${phasesMedian.capture_store_s.toFixed(2)} s; the rest is FastCDC (~0.25–0.5 s), two sha256 passes (chunk + layer, ~0.3 s CPU together with SHA-NI), NATS client framing/copies + GC, all on one thread (~1.7–2 s CPU), and fsync-always JetStream writes (~0.9 ms per 512 KiB write on this disk). Raw limit (tar | openssl) ${phasesMedian.raw_tar_openssl_s.toFixed(2)} s = ${((median(raw) / median(ours)) * 100).toFixed(0)}% of ours.`,
+      `Where restore time goes: docker create ${phasesMedian.create_s.toFixed(2)} s (overlapped with the first chunk fetches), fetch+verify alone ${phasesMedian.fetch_verify_only_s.toFixed(2)} s of ${phasesMedian.create_fetch_restore_s.toFixed(2)} s; the rest is tar parse/validate and tar -x. Fetch is CPU-bound in the NATS client on the main thread: it grows a receive buffer per 512 KiB message from 64 KiB socket reads (copies + GC ~40% of fetch CPU in node --cpu-prof); stage-by-stage timings and the inline vs worker-thread hashing A/B: bench/checkpoint/phases.ts.`,
+    ];
+    // Why a missed target is missed (from profiles and stage timings on this 2-core machine).
+    if (captureX < 3) {
+      notes.push(
+        `Capture misses 3x because it needs <= ${(median(commitSave) / 3).toFixed(2)} s and one Node thread does tar parsing, FastCDC, both sha256 passes and NATS publish framing/copies (~1.7 s CPU per 200 MiB by process.cpuUsage), on 2 cores shared with nats-server (fsync-always writes, ~0.3 s of serial fsync), dockerd and other work. Off-thread hashing (offThreadHash) measured slower here. Next steps: chunk+hash in a worker with its own slabs, fewer payload copies in the NATS client, chunk streams sharded to fsync in parallel.`,
+      );
+    }
+    if (restoreX < 2) {
+      notes.push(
+        `Restore misses 2x because it needs <= ${(median(loadCreate) / 2).toFixed(2)} s and fetch+verify alone takes ${phasesMedian.fetch_verify_only_s.toFixed(2)} s of CPU-bound NATS client receive work on the same thread that parses and feeds tar -x. Next step: fetch on a worker thread with its own NATS connection so fetching overlaps parsing/extraction (needs the connection options reproducible in a worker, src/store/connection.ts).`,
+      );
+    }
     const result = {
       benchmark: 'checkpoint',
       when: new Date().toISOString(),
@@ -160,17 +217,19 @@ async function main(): Promise<void> {
       docker_commit_save_s: median(commitSave),
       restore_s: median(oursRestore),
       docker_load_create_s: median(loadCreate),
-      capture_speedup_vs_commit_save: median(commitSave) / median(ours),
-      restore_speedup_vs_load_create: median(loadCreate) / median(oursRestore),
+      capture_speedup_vs_commit_save: captureX,
+      restore_speedup_vs_load_create: restoreX,
       fraction_of_raw_limit: median(raw) / median(ours),
       incremental_s: tIncr,
       incremental_stored_bytes: incr.stats.storedBytes,
       first_stored_bytes: firstStoredBytes,
-      incremental_bytes_fraction: incr.stats.storedBytes / firstStoredBytes,
+      incremental_bytes_fraction: incrFraction,
+      phases_median: phasesMedian,
       phases: capturePhases,
       samples: { raw, ours, commitSave, oursRestore, loadCreate },
-      machine: { cpus: (await import('node:os')).cpus().length, loadavg: (await import('node:os')).loadavg() },
+      machine: { cpus: os.cpus().length, loadavg_start: loadStart, loadavg: os.loadavg() },
       targets: { capture_speedup_vs_commit_save: '>= 3', restore_speedup_vs_load_create: '>= 2', incremental_bytes_fraction: '<= 0.05' },
+      notes,
     };
     await mkdir('bench/results', { recursive: true });
     await writeFile('bench/results/checkpoint.json', JSON.stringify(result, null, 2) + '\n');

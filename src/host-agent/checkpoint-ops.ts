@@ -217,19 +217,33 @@ export class CheckpointOps {
       const members: RestoredMember[] = [];
       const problems: (SessionFileProblem & { memberId: string })[] = [];
       for (const m of manifest.members) {
-        const c = await runtime.createMember({
-          groupId: manifest.groupId,
-          memberId: m.memberId,
-          cliKind: m.cliKind,
-          placementGeneration: generation,
-          imageId: manifest.baseImageDigest,
-          cmd: this.deps.groups.memberCommand(m.cliKind),
-          env: { SANDBOXFLEET_GROUP_ID: manifest.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: m.cliKind },
-          networkMode: 'none',
-        });
-        created.push(c.id);
-        const upper = await runtime.upperDir(c.id);
-        await fetchLayer(m.layer, store, upper); // applied BEFORE any start (R-G5)
+        // The first chunk fetches overlap `docker create`; nothing is written before the
+        // container (and so its upper dir) exists.
+        const creating = runtime
+          .createMember({
+            groupId: manifest.groupId,
+            memberId: m.memberId,
+            cliKind: m.cliKind,
+            placementGeneration: generation,
+            imageId: manifest.baseImageDigest,
+            cmd: this.deps.groups.memberCommand(m.cliKind),
+            env: { SANDBOXFLEET_GROUP_ID: manifest.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: m.cliKind },
+            networkMode: 'none',
+          })
+          .then((made) => {
+            created.push(made.id);
+            return made;
+          });
+        const upperDir = creating.then((made) => runtime.upperDir(made.id));
+        upperDir.catch(() => undefined); // observed below; never an unhandled rejection meanwhile
+        try {
+          await fetchLayer(m.layer, store, upperDir); // applied BEFORE any start (R-G5)
+        } finally {
+          // Settle the create before any cleanup below, so a failed fetch cannot leak the container.
+          await creating.catch(() => undefined);
+        }
+        const c = await creating;
+        const upper = await upperDir;
         const found = await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator);
         problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
         members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });

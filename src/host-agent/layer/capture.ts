@@ -27,11 +27,16 @@ export interface CaptureOptions {
   readonly limits?: LayerLimits;
   /** GNU tar binary; default `tar` from PATH. */
   readonly tarPath?: string;
+  /**
+   * Hash the emitted layer here (default true). storeLayer with `offThreadHash` turns it off and
+   * hashes the same bytes, chunk by chunk in order, on a worker thread instead (sha256-pool.ts).
+   */
+  readonly hashLayer?: boolean;
 }
 
 export interface CapturedLayer {
-  /** `sha256:<hex>` of the emitted OCI layer tar. */
-  readonly digest: string;
+  /** `sha256:<hex>` of the emitted OCI layer tar; null when `hashLayer` was false. */
+  readonly digest: string | null;
   readonly size: number;
   readonly entries: number;
 }
@@ -116,7 +121,7 @@ async function* generate(upperDir: string, options: CaptureOptions, resolve: (l:
   const validator = new LayerValidator(limits);
   const sink = new OverlayToOci(validator);
   const parser = new TarParser(sink, limits.maxPaxHeaderBytes);
-  const hash = createHash('sha256');
+  const hash = options.hashLayer === false ? null : createHash('sha256');
   let size = 0;
   const child = spawn(options.tarPath ?? 'tar', captureTarArgs(upperDir), { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
@@ -135,7 +140,7 @@ async function* generate(upperDir: string, options: CaptureOptions, resolve: (l:
     for await (const input of child.stdout as AsyncIterable<Buffer>) {
       parser.push(input);
       for (const piece of sink.out) {
-        hash.update(piece);
+        hash?.update(piece);
         size += piece.length;
         yield piece;
       }
@@ -144,11 +149,11 @@ async function* generate(upperDir: string, options: CaptureOptions, resolve: (l:
     const code = await exited;
     if (code !== 0) throw new LayerTransferError('capture_failed', `tar of ${upperDir} exited ${String(code)}: ${stderr.trim()}`);
     parser.end();
-    hash.update(END_OF_ARCHIVE);
+    hash?.update(END_OF_ARCHIVE);
     size += END_OF_ARCHIVE.length;
     yield END_OF_ARCHIVE;
     finished = true;
-    resolve({ digest: `sha256:${hash.digest('hex')}`, size, entries: validator.entryCount });
+    resolve({ digest: hash === null ? null : `sha256:${hash.digest('hex')}`, size, entries: validator.entryCount });
   } catch (err) {
     reject(err);
     throw err;

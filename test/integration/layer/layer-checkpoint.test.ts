@@ -170,6 +170,39 @@ describe('layer checkpoint through the chunk store', () => {
     expect(again.stats.storedBytes).toBe(0);
   });
 
+  it('off-thread hashing gives the same layer and refuses the same corruption; the target may be a promise', async () => {
+    const upper = join(work, 'upper-w');
+    buildUpperDir(upper);
+    const inline = await storeLayer(upper, store);
+    const off = await storeLayer(upper, store, { offThreadHash: true });
+    expect(off.layer).toEqual(inline.layer);
+    expect(off.stats.storedBytes).toBe(0);
+
+    // Fetches start before the target dir is known (a container being created), then extract.
+    const target = join(work, 'restored-w');
+    let resolveTarget!: (dir: string) => void;
+    const pending = fetchLayer(off.layer, store, new Promise<string>((r) => (resolveTarget = r)), { offThreadHash: true });
+    await new Promise((r) => setTimeout(r, 50));
+    expect(readdirSync(work).filter((n) => n.includes('restored-w'))).toEqual([]);
+    resolveTarget(target);
+    await pending;
+    expect(snapshot(target)).toEqual(snapshot(upper));
+    expect(xattrs(target)).toEqual(xattrs(upper));
+
+    const name = 'restored-w2';
+    const wrongDigest: LayerRef = { ...off.layer, digest: `sha256:${'0'.repeat(64)}` };
+    expect(await reasonOf(fetchLayer(wrongDigest, store, join(work, name), { offThreadHash: true }))).toBe('layer_digest_mismatch');
+    expectNothingWritten(work, name);
+    const chunks = off.layer.chunks;
+    if (chunks.length > 1) {
+      const swapped: LayerRef = { ...off.layer, chunks: [{ digest: chunks[1]!.digest, size: chunks[0]!.size }, ...chunks.slice(1)] };
+      expect(await reasonOf(fetchLayer(swapped, store, join(work, name), { offThreadHash: true }))).toBe('chunk_digest_mismatch');
+      expectNothingWritten(work, name);
+    }
+    // A target that never materialises (container create failed): nothing written, error surfaced.
+    await expect(fetchLayer(off.layer, store, Promise.reject(new Error('create failed')))).rejects.toThrow('create failed');
+  });
+
   it('refuses a missing chunk, a wrong chunk, a wrong layer digest and a truncated blob, writing nothing', async () => {
     const upper = join(work, 'upper-b');
     mkdirSync(upper);
