@@ -16,6 +16,7 @@ import { NatsAgentClient, type AgentPort } from './agent-client.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
 import { EventRecorder } from './events.ts';
 import { describeError } from './fleet.ts';
+import { HostLeasePolicySchema } from './hosts.ts';
 import { HostRegistry, policyFrom } from './host-registry.ts';
 import { LeaderElector } from './leader.ts';
 import { LivenessLoop } from './liveness-loop.ts';
@@ -78,7 +79,7 @@ export class ControlPlane {
     };
     this.runner = new ControlPlaneRunnerBackend(this.ctx);
     const policy = policyFrom(this.ctx, opts.buildSha);
-    this.registry = new HostRegistry(this.ctx, policy);
+    this.registry = new HostRegistry(this.ctx, policy, opts.store.repository('hostLeases', HostLeasePolicySchema));
     this.controller = new MigrationController(this.ctx, opts.stepHook);
     this.probes = new ProbeResponder(opts.nc, opts.replicaId, now, logger);
     this.admin = new AdminOps(this.ctx, opts.store, policy, this.controller, this.probes, opts.buildSha);

@@ -46,7 +46,7 @@ export const HostRecordSchema = z.object({
   attestation: HostAttestationSchema,
   agentInstanceId: z.string().max(128),
   registeredAtMs: ms,
-  /** Term end (R-H4); absent = no term. Renewed by the next registration or an operator. */
+  /** Term end (R-H4); absent = no term. Renewed on accepted heartbeats within the epoch's lease policy (hosts.ts), never past a fixed term. */
   leaseExpiresAtMs: ms.optional(),
   maxMembers: z.number().int().nonnegative(),
   updatedAtMs: ms,
@@ -124,6 +124,32 @@ export const MemberSessionSchema = z.object({
   lostReason: z.enum(['turn_unconfirmed', 'container_missing', 'writable_layer_missing', 'session_files_missing', 'locator_missing', 'group_lost']).optional(),
 }) as unknown as z.ZodType<MemberSession>;
 
+/** The answer of a mutating runner call: its value, or a final refusal rebuilt on replay (R-I1). */
+export const CallOutcomeSchema = z.union([
+  z.object({ ok: z.literal(true), value: z.unknown() }),
+  z.object({ ok: z.literal(false), errorClass: z.string().max(64), reason: reasonText, message: z.string().max(1024), details: z.record(z.string().max(64), z.union([z.string().max(512), z.number(), z.boolean()])).optional() }),
+]);
+export type CallOutcome = z.infer<typeof CallOutcomeSchema>;
+
+const digest = z.string().regex(/^[0-9a-f]{16,64}$/);
+
+/**
+ * A member's last BeginTurn or CompleteTurn answer, written in the SAME compare-and-set as the
+ * member change it reports (R-I1 without a second fsynced write): `key` and `request` are digests
+ * of the idempotency key and of the request.
+ */
+export const TurnCallSchema = z.object({ key: digest, request: digest, outcome: CallOutcomeSchema });
+export type TurnCall = z.infer<typeof TurnCallSchema>;
+
+/** Per-member turn idempotency: the last answer per call kind, and fingerprints of older keys. */
+export const TurnCallsSchema = z.object({
+  begin: TurnCallSchema.optional(),
+  complete: TurnCallSchema.optional(),
+  /** Keys of earlier begin/complete calls whose answers are no longer kept (newest last). */
+  older: z.array(digest).max(32),
+});
+export type TurnCalls = z.infer<typeof TurnCallsSchema>;
+
 export const MemberRecordSchema = z.object({
   session: MemberSessionSchema,
   /** The member's container on the current placement (from create/start/restore results). */
@@ -132,6 +158,8 @@ export const MemberRecordSchema = z.object({
   lastContextState: z.enum(['NEW', 'LIVE', 'RESTORED', 'LOST']).optional(),
   /** The container incarnation the in-flight turn runs in (its "process", see member-session.ts). */
   turnProcess: z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) }).optional(),
+  /** Turn call idempotency (absent in records written before it existed). */
+  calls: TurnCallsSchema.optional(),
 });
 export type MemberRecord = z.infer<typeof MemberRecordSchema>;
 
@@ -206,10 +234,7 @@ export const IdempotencyRecordSchema = z.object({
   operation: z.string().max(32),
   requestHash: z.string().max(128),
   createdAtMs: ms,
-  outcome: z.union([
-    z.object({ ok: z.literal(true), value: z.unknown() }),
-    z.object({ ok: z.literal(false), errorClass: z.string().max(64), reason: reasonText, message: z.string().max(1024), details: z.record(z.string().max(64), z.union([z.string().max(512), z.number(), z.boolean()])).optional() }),
-  ]),
+  outcome: CallOutcomeSchema,
 });
 export type IdempotencyRecord = z.infer<typeof IdempotencyRecordSchema>;
 

@@ -198,7 +198,7 @@ export class HostAgent {
       agentInstanceId: this.instanceId,
       attestation: { ...this.attested!.report },
       capacity: { maxMembers: config.maxMembers, usedMembers: 0, diskFreeBytes: 0, memoryAvailableBytes: 0 },
-      requestedLeaseEndUnixMs: 0,
+      requestedLeaseEndUnixMs: config.leaseEndUnixMs,
       sentAtUnixMs: this.nowMs(),
     };
   }

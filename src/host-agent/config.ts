@@ -61,6 +61,8 @@ export const HostAgentConfigSchema = z
     /** JetStream replicas of the checkpoint chunk store (1 locally, 3 on a NATS cluster). */
     storeReplicas: z.coerce.number().int().min(1).max(5).default(1),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    /** A fixed end of this host's term (spot/rental), unix ms; 0 = none. The control plane drains before it (R-H4). */
+    leaseEndUnixMs: z.coerce.number().int().min(0).default(0),
     /** Health (/healthz, /readyz) and Prometheus (/metrics) listener for kubelet probes and scraping; port 0 = any. */
     httpHost: z.string().min(1).default('127.0.0.1'),
     httpPort: z.coerce.number().int().min(0).max(65_535).default(9465),
@@ -110,6 +112,7 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     shutdownTimeoutMs: env.SANDBOXFLEET_SHUTDOWN_TIMEOUT_MS,
     storeReplicas: env.SANDBOXFLEET_STORE_REPLICAS,
     logLevel: env.LOG_LEVEL,
+    leaseEndUnixMs: env.SANDBOXFLEET_LEASE_END_UNIX_MS,
     httpHost: env.SANDBOXFLEET_HTTP_HOST,
     httpPort: env.SANDBOXFLEET_HTTP_PORT,
   };
