@@ -1,7 +1,12 @@
 // Idempotency keys of mutating runner calls (R-I1): the first answer (value or refusal) is persisted
 // under the key; a repeat of the same request gets it back, the same key with another request is
-// refused (`idempotency_key_reused`). Work that runs before the answer is stored is itself
-// idempotent (deterministic turn ids, CAS), so a crash between the two is safe to retry.
+// refused (`idempotency_key_reused`). Two stores, one rule:
+// - OpenGroup/StopGroup: an answer record in the idempotency bucket (withIdempotency). Work that runs
+//   before the answer is stored is itself idempotent (deterministic ids, CAS), so a crash between
+//   the two is safe to retry.
+// - BeginTurn/CompleteTurn (the hot path): the answer rides in the same group-record CAS as the member
+//   change it reports (records.ts TurnCalls, see runner-backend.ts), so a turn pair costs two fsynced
+//   writes instead of four. This file holds the encoding both share.
 import { createHash } from 'node:crypto';
 import {
   Conflict,
@@ -15,7 +20,7 @@ import {
   type Reason,
 } from '../core/index.ts';
 import { CasConflictError } from '../store/errors.ts';
-import type { IdempotencyRecord } from './records.ts';
+import type { CallOutcome, IdempotencyRecord, TurnCalls } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
 const MAX_KEY = 128;
@@ -30,8 +35,13 @@ export function requestHash(request: unknown): string {
   return createHash('sha256').update(JSON.stringify(request)).digest('hex');
 }
 
+/** The digest a turn call's key is stored under (scoped by call kind, so begin and complete never collide). */
+export function keyDigest(operation: string, key: string): string {
+  return createHash('sha256').update(`${operation}|${key}`).digest('hex').slice(0, 32);
+}
+
 /** Rebuild a stored refusal as the same FleetError class with the same reason. */
-function revive(outcome: Extract<IdempotencyRecord['outcome'], { ok: false }>): Error {
+function revive(outcome: Extract<CallOutcome, { ok: false }>): Error {
   const opts = { details: outcome.details ?? {} };
   const reason = outcome.reason as never;
   switch (outcome.errorClass) {
@@ -45,35 +55,52 @@ function revive(outcome: Extract<IdempotencyRecord['outcome'], { ok: false }>): 
 }
 
 /** Refusals worth remembering: a retry would get the same answer. Transient errors are not stored. */
-function isFinalRefusal(err: unknown): err is FleetError<Reason> {
+export function isFinalRefusal(err: unknown): err is FleetError<Reason> {
   return isFleetError(err) && (err instanceof IdentityRefused || err instanceof PreconditionFailed || err instanceof InvalidArgument || err instanceof NotFound);
+}
+
+/** The storable form of an answer (a JSON round trip, so a replay returns exactly what is stored). */
+export function valueOutcome(value: unknown): CallOutcome {
+  return { ok: true, value: JSON.parse(JSON.stringify(value)) as unknown };
+}
+
+/** The storable form of a final refusal (details bounded to the schema's limits). */
+export function refusalOutcome(err: FleetError<Reason>): CallOutcome {
+  const details: Record<string, string | number | boolean> = {};
+  for (const [dk, dv] of Object.entries(err.details)) if (dv !== undefined) details[dk.slice(0, 64)] = typeof dv === 'string' ? dv.slice(0, 512) : dv;
+  return { ok: false, errorClass: err.constructor.name, reason: err.reason, message: err.message.slice(0, 1024), details };
+}
+
+/** Return a stored answer, or throw the stored refusal. */
+export function replayOutcome<T>(outcome: CallOutcome): T {
+  if (outcome.ok) return outcome.value as T;
+  throw revive(outcome);
+}
+
+export function keyReused(operation: string, why = `idempotency key already used for a different ${operation} request`): InvalidArgument {
+  return new InvalidArgument('idempotency_key_reused', why, { details: { field: 'idempotencyKey' } });
 }
 
 export async function withIdempotency<T>(ctx: ControlPlaneContext, operation: string, key: string, request: unknown, run: () => Promise<T>): Promise<T> {
   const k = Keys.idempotency(operation, validateIdempotencyKey(key));
   const hash = requestHash(request);
   const replay = (rec: IdempotencyRecord): T => {
-    if (rec.operation !== operation || rec.requestHash !== hash) {
-      throw new InvalidArgument('idempotency_key_reused', `idempotency key already used for a different ${operation} request`, { details: { field: 'idempotencyKey' } });
-    }
-    if (rec.outcome.ok) return rec.outcome.value as T;
-    throw revive(rec.outcome);
+    if (rec.operation !== operation || rec.requestHash !== hash) throw keyReused(operation);
+    return replayOutcome<T>(rec.outcome);
   };
   const existing = await ctx.repos.idempotency.get(k);
   if (existing !== undefined) return replay(existing.value);
 
-  let outcome: IdempotencyRecord['outcome'];
+  let outcome: CallOutcome;
   let thrown: unknown;
   let value: T | undefined;
   try {
     value = await run();
-    outcome = { ok: true, value: JSON.parse(JSON.stringify(value)) as unknown };
+    outcome = valueOutcome(value);
   } catch (err) {
     if (!isFinalRefusal(err)) throw err;
     thrown = err;
-    const details: Record<string, string | number | boolean> = {};
-    for (const [dk, dv] of Object.entries(err.details)) if (dv !== undefined) details[dk.slice(0, 64)] = typeof dv === 'string' ? dv.slice(0, 512) : dv;
-    outcome = { ok: false, errorClass: err.constructor.name, reason: err.reason, message: err.message.slice(0, 1024), details };
+    outcome = refusalOutcome(err);
   }
   try {
     await ctx.repos.idempotency.create(k, { operation, requestHash: hash, createdAtMs: ctx.now(), outcome });
@@ -87,4 +114,34 @@ export async function withIdempotency<T>(ctx: ControlPlaneContext, operation: st
   }
   if (thrown !== undefined) throw thrown;
   return value as T;
+}
+
+// ---- turn calls: the answer stored inside the group record ----------------------------------------
+
+export type TurnCallKind = 'begin' | 'complete';
+
+/** How many older keys per member are remembered (refused as reused, never re-executed). */
+const OLDER_KEYS = 16;
+
+/**
+ * What a member's stored calls say about a request: the stored answer (same key, same request), a
+ * refusal (same key, another request; or a key older than the last call, whose answer is no longer
+ * kept), or undefined (a new call: run it).
+ */
+export function findTurnCall(calls: TurnCalls | undefined, kind: TurnCallKind, key: string, request: string): { readonly outcome: CallOutcome } | { readonly refusal: InvalidArgument } | undefined {
+  const last = calls?.[kind];
+  if (last !== undefined && last.key === key) {
+    return last.request === request ? { outcome: last.outcome } : { refusal: keyReused(kind === 'begin' ? 'beginTurn' : 'completeTurn') };
+  }
+  if (calls?.older.includes(key)) {
+    return { refusal: keyReused(kind === 'begin' ? 'beginTurn' : 'completeTurn', 'idempotency key already used for an earlier turn of this member; its answer is no longer kept') };
+  }
+  return undefined;
+}
+
+/** The member's calls after answering `kind` with `outcome`: the previous answer's key becomes "older". */
+export function recordTurnCall(calls: TurnCalls | undefined, kind: TurnCallKind, key: string, request: string, outcome: CallOutcome): TurnCalls {
+  const previous = calls?.[kind]?.key;
+  const older = previous === undefined || previous === key ? [...(calls?.older ?? [])] : [...(calls?.older ?? []), previous];
+  return { ...calls, [kind]: { key, request, outcome }, older: older.slice(-OLDER_KEYS) };
 }

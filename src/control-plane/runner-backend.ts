@@ -1,8 +1,25 @@
 // The runner backend (R-I1, R-S1..R-S8): implements core's RunnerBackend over the group records.
 // Every member change goes through core member-session (beginTurn/completeTurn), every group change
-// through transitionGroup (via GroupOps), each written with compare-and-set; mutating calls are
-// idempotent by key (idempotency.ts) and turn ids are derived from the key, so a retried BeginTurn
-// replays the turn in flight instead of colliding with it (R-S8).
+// through transitionGroup (via GroupOps), each written with compare-and-set.
+//
+// The turn hot path (issue 5 benchmark) costs ONE fsynced write per call:
+// - Idempotency of BeginTurn/CompleteTurn rides inside the same CAS as the member change: each member
+//   keeps its last begin and last complete answer ({key digest, request digest, answer}) plus the
+//   digests of its 16 previous keys (idempotency.ts). A repeat with the same key and request gets
+//   the stored answer; the same key with another request, or an older key whose answer is no longer
+//   kept, is refused `idempotency_key_reused` — never executed twice. Keys are scoped per member.
+//   Turn ids are still derived from the key, so a retried BeginTurn also replays the turn in flight.
+// - R-S1 evidence without asking the agent (see liveEvidence): LIVE needs proof that the process
+//   that ran the member's last turn is still the one running. The member record names that process
+//   (container id + container start time, recorded at the turn's end); a heartbeat of the host's
+//   current epoch, received at most `freshness` ago, listing that very container with that very start
+//   time, running, layer present, is that proof: containers run with restart policy "no" and every
+//   start goes through the control plane (start, restore), which clears the recorded process — so no
+//   other process can carry that identity, and the only change possible since the heartbeat is an
+//   exit, which the same race allows with a per-turn inventory too (it is only a few seconds wider).
+//   Everything else — NEW, RESTORED, a process to start or reclaim, any doubt, and every decision
+//   that could make a member LOST — asks the agent for a fresh inventory, as before: stale
+//   heartbeat evidence is used only to say "yes, same process", never "no, it is gone".
 import { createHash } from 'node:crypto';
 import {
   CLI_KINDS,
@@ -28,21 +45,108 @@ import {
   type MemberSession,
   type ProcessIdentity,
   type TurnEnd,
+  type FleetError,
+  type Reason,
 } from '../core/index.ts';
 import { isSafeId } from '../core/checkpoint-manifest.ts';
 import type { BeginTurnInput, BeginTurnView, CompleteTurnInput, CompleteTurnView, GroupView, OpenGroupInput, RunnerBackend, StopGroupInput, StopGroupView, TurnEvidenceInput } from '../core/runner-port.ts';
 import { ContainerState } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
+import type { Versioned } from '../store/kv-repository.ts';
 import { candidates, isTerminal, listGroups, listHosts } from './fleet.ts';
 import { GroupOps } from './group-ops.ts';
-import { withIdempotency } from './idempotency.ts';
+import { findTurnCall, isFinalRefusal, keyDigest, recordTurnCall, refusalOutcome, replayOutcome, requestHash, validateIdempotencyKey, valueOutcome, withIdempotency } from './idempotency.ts';
 import { chooseHost } from './placement.ts';
 import { cliKindToProto } from './checkpoints.ts';
-import type { GroupRecord, MemberRecord } from './records.ts';
+import type { GroupRecord, HeartbeatRecord, HostRecord, MemberRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
 const MAX_MEMBERS = 16;
 const INVENTORY_TIMEOUT_MS = 10_000;
+/** Re-reads after a lost CAS race before the caller sees the conflict (ABORTED). */
+const CAS_ATTEMPTS = 8;
+
+/** A turn call's identity for idempotency: digests of its key and of its request. */
+interface Call {
+  readonly key: string;
+  readonly request: string;
+}
+
+/**
+ * R-S1 LIVE evidence from the host's heartbeat (see the header): the observation when the member's
+ * recorded process is listed running, with its layer, in a fresh heartbeat of the host's current
+ * epoch; undefined when anything is missing or doubtful (the caller then asks the agent).
+ */
+export function liveEvidence(g: GroupRecord, m: MemberRecord, host: HostRecord | undefined, hb: HeartbeatRecord | undefined, nowMs: number, freshnessMs: number): (MemberObservation & { runningProcess: ProcessIdentity }) | undefined {
+  const p = m.session.process;
+  if (g.lifecycle.state !== 'RUNNING' || m.session.phase !== 'RETAINED' || p === undefined || m.session.savedLocator === undefined) return undefined;
+  if (host === undefined || (host.lifecycle.state !== 'READY' && host.lifecycle.state !== 'DRAINING')) return undefined;
+  if (hb === undefined || hb.epoch !== host.lifecycle.epoch || nowMs - hb.receivedAtMs > freshnessMs || hb.receivedAtMs > nowMs + freshnessMs) return undefined;
+  const c = hb.containers.find((x) => x.groupId === g.groupId && x.memberId === m.session.memberId && x.generation === g.lifecycle.generation);
+  if (c === undefined || !c.running || !c.writableLayerPresent || c.containerId !== p.containerId || String(c.startedAtMs) !== p.incarnation) return undefined;
+  return { containerPresent: true, layerIntact: true, runningProcess: p };
+}
+
+/**
+ * Thrown when a decision that writes nothing was about to be made from a cached group record: the
+ * caller reads the record fresh and decides again (answers never rest on a possibly stale copy).
+ */
+class NeedsFreshRead extends Error {}
+
+/**
+ * The last version of each group this backend wrote (write-through): a turn call compare-and-sets
+ * against it without reading first. A copy made stale by any other writer only costs a CAS conflict
+ * and a fresh read; an answer that writes nothing is always decided from a fresh read.
+ */
+class GroupCache {
+  readonly #entries = new Map<string, Versioned<GroupRecord>>();
+
+  get(groupId: string): Versioned<GroupRecord> | undefined {
+    return this.#entries.get(groupId);
+  }
+
+  set(groupId: string, v: Versioned<GroupRecord>): void {
+    this.#entries.delete(groupId);
+    this.#entries.set(groupId, v);
+    if (this.#entries.size > 8192) this.#entries.delete(this.#entries.keys().next().value as string);
+  }
+
+  drop(groupId: string): void {
+    this.#entries.delete(groupId);
+  }
+}
+
+/**
+ * Short-lived copies of host and heartbeat records for the turn hot path: many concurrent turns on
+ * one host share one read. The age bound only limits how new the evidence is; whether it is fresh
+ * enough is judged from the record's own timestamp (liveEvidence), never from the cache.
+ */
+class EvidenceCache {
+  readonly #hosts = new Map<string, { at: number; value: Promise<HostRecord | undefined> }>();
+  readonly #heartbeats = new Map<string, { at: number; value: Promise<HeartbeatRecord | undefined> }>();
+
+  constructor(private readonly ctx: ControlPlaneContext, private readonly maxAgeMs: number) {}
+
+  host(hostId: string): Promise<HostRecord | undefined> {
+    return this.#cached(this.#hosts, hostId, async () => (await this.ctx.repos.hosts.get(Keys.host(hostId)))?.value);
+  }
+
+  heartbeat(hostId: string): Promise<HeartbeatRecord | undefined> {
+    return this.#cached(this.#heartbeats, hostId, async () => (await this.ctx.repos.heartbeats.get(Keys.host(hostId)))?.value);
+  }
+
+  #cached<T>(map: Map<string, { at: number; value: Promise<T | undefined> }>, id: string, load: () => Promise<T | undefined>): Promise<T | undefined> {
+    const now = this.ctx.now();
+    const hit = map.get(id);
+    if (hit !== undefined && now - hit.at <= this.maxAgeMs) return hit.value;
+    const value = load();
+    map.set(id, { at: now, value });
+    // A failed read is not cached: the next turn reads again.
+    value.catch(() => { if (map.get(id)?.value === value) map.delete(id); });
+    if (map.size > 4096) map.delete(map.keys().next().value as string);
+    return value;
+  }
+}
 
 function must<T>(r: { ok: true; value: T } | { ok: false; error: Error }): T {
   if (!r.ok) throw r.error;
@@ -75,9 +179,22 @@ function nextContextState(m: MemberSession): ContextState {
 
 export class ControlPlaneRunnerBackend implements RunnerBackend {
   readonly #ops: GroupOps;
+  readonly #evidence: EvidenceCache;
+  readonly #groups = new GroupCache();
+  /** How old a heartbeat may be to prove LIVE (two beats: one late beat does not force the slow path). */
+  readonly #freshnessMs: number;
+  #fastBegins = 0;
+  #agentBegins = 0;
 
   constructor(private readonly ctx: ControlPlaneContext) {
     this.#ops = new GroupOps(ctx);
+    this.#freshnessMs = Math.min(ctx.config.heartbeatTtlMs, 2 * ctx.config.heartbeatIntervalMs);
+    this.#evidence = new EvidenceCache(ctx, Math.min(250, ctx.config.heartbeatIntervalMs / 2));
+  }
+
+  /** Begins decided from heartbeat evidence vs. from a fresh agent inventory (for benchmarks and tests). */
+  get beginEvidenceCounts(): { readonly heartbeat: number; readonly agent: number } {
+    return { heartbeat: this.#fastBegins, agent: this.#agentBegins };
   }
 
   async #view(g: GroupRecord, revision: number): Promise<GroupView> {
@@ -218,73 +335,142 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const groupId = must(parseGroupId(input.groupId));
     const memberId = must(parseMemberId(input.memberId));
     const locator = must(parseOptionalLocator(input.locator));
-    const turnId = must(parseTurnId(`t-${createHash('sha256').update(`${groupId}|${memberId}|${input.idempotencyKey}`).digest('hex').slice(0, 32)}`));
-    return withIdempotency(this.ctx, 'begin', input.idempotencyKey, { groupId, memberId, locator: locator ?? null }, async () => {
-      for (let attempt = 0; ; attempt++) {
-        try {
-          return await this.#begin(groupId, memberId, locator, turnId);
-        } catch (err) {
-          if (!(err instanceof CasConflictError) || attempt >= 4) throw err;
-        }
+    const key = validateIdempotencyKey(input.idempotencyKey);
+    const call: Call = { key: keyDigest('begin', key), request: requestHash({ groupId, memberId, locator: locator ?? null }) };
+    const turnId = must(parseTurnId(`t-${createHash('sha256').update(`${groupId}|${memberId}|${key}`).digest('hex').slice(0, 32)}`));
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.#begin(groupId, memberId, locator, turnId, call, attempt === 0);
+      } catch (err) {
+        // Another write to the group won the race (or a cached copy cannot answer): re-read, re-check
+        // the stored calls, redo.
+        this.#groups.drop(groupId);
+        if (err instanceof NeedsFreshRead) continue;
+        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw err;
       }
-    });
+    }
   }
 
-  async #begin(groupId: string, memberId: string, locator: Locator | undefined, turnId: string): Promise<BeginTurnView> {
-    let g = (await this.#ops.get(groupId)).value;
-    const member0 = g.members.find((m) => m.session.memberId === memberId);
-    if (member0 === undefined) throw new NotFound('member_not_found', `member ${memberId} not in group ${groupId}`, { details: { groupId, memberId } });
-    const state = g.lifecycle.state;
+  /** The group record to decide from: the cached copy on a first attempt, else a fresh read. */
+  async #load(groupId: string, useCache: boolean): Promise<{ gv: Versioned<GroupRecord>; cached: boolean }> {
+    const hit = useCache ? this.#groups.get(groupId) : undefined;
+    if (hit !== undefined) return { gv: hit, cached: true };
+    return { gv: await this.#ops.get(groupId), cached: false };
+  }
+
+  /** Write `next` over exactly the version the decision was made from, and keep it cached. */
+  async #write(groupId: string, next: GroupRecord, revision: number): Promise<void> {
+    const written = await this.ctx.repos.groups.update(Keys.group(groupId), next, revision);
+    this.#groups.set(groupId, { value: next, revision: written });
+  }
+
+  async #begin(groupId: string, memberId: string, locator: Locator | undefined, turnId: string, call: Call, useCache: boolean): Promise<BeginTurnView> {
+    const loaded = await this.#load(groupId, useCache);
+    let gv = loaded.gv;
+    const fresh = (): void => {
+      if (loaded.cached) throw new NeedsFreshRead();
+    };
+    const g0 = gv.value;
+    const member0 = g0.members.find((m) => m.session.memberId === memberId);
+    if (member0 === undefined) {
+      fresh();
+      throw new NotFound('member_not_found', `member ${memberId} not in group ${groupId}`, { details: { groupId, memberId } });
+    }
+    // A stored answer never changes once written: a cached copy that has it is as good as a fresh one.
+    const prior = findTurnCall(member0.calls, 'begin', call.key, call.request);
+    if (prior !== undefined) {
+      if ('refusal' in prior) throw prior.refusal;
+      return replayOutcome<BeginTurnView>(prior.outcome);
+    }
+    const state = g0.lifecycle.state;
     if (state === 'LOST' || state === 'DESTROYED') {
       this.ctx.metrics.turns.inc({ context_state: 'LOST', cli: member0.session.cli });
-      throw new IdentityRefused('context_lost', `group ${groupId} is ${state}${g.lifecycle.lostReason ? ` (${g.lifecycle.lostReason})` : ''}`, { details: { groupId, lostReason: g.lifecycle.lostReason } });
+      throw new IdentityRefused('context_lost', `group ${groupId} is ${state}${g0.lifecycle.lostReason ? ` (${g0.lifecycle.lostReason})` : ''}`, { details: { groupId, lostReason: g0.lifecycle.lostReason } });
     }
-    if (state === 'MIGRATING' || state === 'STOPPING' || g.evacuation !== undefined) {
+    if (state === 'MIGRATING' || state === 'STOPPING' || g0.evacuation !== undefined) {
+      fresh();
       throw new Unavailable('host_unreachable', `group ${groupId} is moving or stopping; retry shortly`, { details: { groupId, state } });
     }
     if (member0.session.phase === 'IN_TURN' && member0.session.inFlight?.turnId === turnId) {
-      // A repeat of the turn in flight needs no observation: core replays it.
-      return this.#applyBegin(g, memberId, { turnId, locator }, { containerPresent: true, layerIntact: true }, turnId);
+      // A repeat of the turn in flight needs no observation: core replays it (from a fresh read).
+      fresh();
+      const host = await this.#evidence.host(g0.lifecycle.hostId);
+      return this.#applyBegin(gv, false, memberId, { turnId, locator }, { containerPresent: true, layerIntact: true }, call, host?.lifecycle.epoch ?? 0);
     }
-    if (state === 'PENDING' || state === 'STOPPED') g = await this.#ops.start(groupId);
+    if (state === 'PENDING' || state === 'STOPPED') {
+      fresh();
+      await this.#ops.start(groupId);
+      gv = await this.#ops.get(groupId);
+    }
+    const g = gv.value;
+    const member = g.members.find((m) => m.session.memberId === memberId)!;
+    const [host, heartbeat] = await Promise.all([this.#evidence.host(g.lifecycle.hostId), this.#evidence.heartbeat(g.lifecycle.hostId)]);
+    const fast = liveEvidence(g, member, host, heartbeat, this.ctx.now(), this.#freshnessMs);
+    if (fast !== undefined) {
+      this.#fastBegins += 1;
+      return this.#applyBegin(gv, loaded.cached, memberId, { turnId, locator }, fast, call, host!.lifecycle.epoch, fast.runningProcess);
+    }
+    // The state is unknown or a process must be (re)started: ask the agent (R-S1 slow path), about
+    // the record as it is now.
+    fresh();
+    this.#agentBegins += 1;
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
     const inventory = await this.ctx.agents.send(target, `inventory-${turnId}-${this.ctx.now()}`, { $case: 'inventory', value: {} }, 'inventory', INVENTORY_TIMEOUT_MS);
     const c = inventory.containers.find((x) => x.groupId === groupId && x.memberId === memberId && x.placementGeneration === g.lifecycle.generation);
     const present = c !== undefined && c.state !== ContainerState.REMOVING && c.state !== ContainerState.DEAD;
     const running: ProcessIdentity | undefined = c !== undefined && c.state === ContainerState.RUNNING ? { containerId: c.containerId, incarnation: String(c.startedAtUnixMs) } : undefined;
     const observation: MemberObservation = { containerPresent: present, layerIntact: present && (c?.writableLayerPresent ?? false), runningProcess: running };
-    return this.#applyBegin(g, memberId, { turnId, locator }, observation, turnId, running);
+    return this.#applyBegin(gv, false, memberId, { turnId, locator }, observation, call, target.epoch, running);
   }
 
-  async #applyBegin(g: GroupRecord, memberId: string, request: { turnId: string; locator: Locator | undefined }, observation: MemberObservation, turnId: string, running?: ProcessIdentity): Promise<BeginTurnView> {
+  /**
+   * Decide with core and write the member change AND the call's answer in one compare-and-set on
+   * the revision the decision was made from (so the observation still belongs to the member as it
+   * was read; any change since is a CasConflictError and the caller observes again).
+   */
+  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined }, observation: MemberObservation, call: Call, hostEpoch: number, running?: ProcessIdentity): Promise<BeginTurnView> {
     const now = this.ctx.now();
-    let outcome: ReturnType<typeof beginTurn> | undefined;
-    let written: GroupRecord | undefined;
+    const g = gv.value;
+    if (g.lifecycle.state !== 'RUNNING') throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(g.groupId), gv.revision);
+    const fresh = (): void => {
+      if (cached) throw new NeedsFreshRead();
+    };
     const seen = g.members.find((m) => m.session.memberId === memberId)!;
-    await this.ctx.repos.groups.mutate(Keys.group(g.groupId), (current) => {
-      written = undefined;
-      if (current === undefined || current.lifecycle.generation !== g.lifecycle.generation || current.lifecycle.state !== 'RUNNING') {
-        throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(g.groupId), 0);
-      }
-      const m = current.members.find((x) => x.session.memberId === memberId)!;
-      // The observation belongs to the member as it was read; a change since means observe again.
-      if (JSON.stringify(m.session) !== JSON.stringify(seen.session)) throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(g.groupId), 0);
-      outcome = beginTurn(m.session, { turnId: request.turnId, locator: request.locator }, observation, now);
-      if (outcome.ok && outcome.replayed) return undefined;
-      const contextState: ContextState = outcome.ok ? outcome.contextState : outcome.contextState ?? m.lastContextState ?? 'NEW';
-      written = {
-        ...current,
-        members: current.members.map((x) => x.session.memberId !== memberId ? x : {
-          ...x,
-          session: outcome!.member,
-          ...(outcome!.ok ? { lastContextState: contextState, turnProcess: running, containerId: running?.containerId ?? x.containerId } : outcome!.contextState === 'LOST' ? { lastContextState: 'LOST' as const } : {}),
-        }),
-        updatedAtMs: now,
-      };
-      return written;
-    });
-    const o = outcome!;
+    const o = beginTurn(seen.session, { turnId: request.turnId, locator: request.locator }, observation, now);
     const cli = seen.session.cli;
+    const view = (member: MemberRecord): BeginTurnView | undefined => (!o.ok ? undefined : {
+      turnId: request.turnId,
+      contextState: o.contextState,
+      locator: o.effectiveLocator,
+      hostId: g.lifecycle.hostId,
+      hostEpoch,
+      generation: g.lifecycle.generation,
+      containerId: member.containerId ?? '',
+      startedAtMs: o.member.inFlight?.startedAtMs ?? now,
+    });
+    if (o.ok && o.replayed) {
+      fresh();
+      return view(seen)!;
+    }
+    if (!o.ok && !isFinalRefusal(o.error)) {
+      // A transient refusal (no container yet): nothing to remember, nothing changed.
+      fresh();
+      throw o.error;
+    }
+    const contextState: ContextState = o.ok ? o.contextState : o.contextState ?? seen.lastContextState ?? 'NEW';
+    const changed: MemberRecord = {
+      ...seen,
+      session: o.member,
+      ...(o.ok ? { lastContextState: contextState, turnProcess: running, containerId: running?.containerId ?? seen.containerId } : o.contextState === 'LOST' ? { lastContextState: 'LOST' as const } : {}),
+    };
+    const answer = view(changed);
+    const outcome = answer !== undefined ? valueOutcome(answer) : refusalOutcome((o as { error: FleetError<Reason> }).error);
+    const written: GroupRecord = {
+      ...g,
+      members: g.members.map((x) => (x.session.memberId !== memberId ? x : { ...changed, calls: recordTurnCall(seen.calls, 'begin', call.key, call.request, outcome) })),
+      updatedAtMs: now,
+    };
+    await this.#write(g.groupId, written, gv.revision);
     if (!o.ok) {
       if (o.contextState === 'LOST') {
         this.ctx.metrics.turns.inc({ context_state: 'LOST', cli });
@@ -296,20 +482,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       if (o.error.reason === 'locator_mismatch') this.ctx.metrics.locatorMismatches.inc({ phase: 'begin' });
       throw o.error;
     }
-    if (!o.replayed) this.ctx.metrics.turns.inc({ context_state: o.contextState, cli });
-    const rec = written ?? g;
-    const host = await this.ctx.repos.hosts.get(Keys.host(rec.lifecycle.hostId));
-    const mr = rec.members.find((x) => x.session.memberId === memberId)!;
-    return {
-      turnId,
-      contextState: o.contextState,
-      locator: o.effectiveLocator,
-      hostId: rec.lifecycle.hostId,
-      hostEpoch: host?.value.lifecycle.epoch ?? 0,
-      generation: rec.lifecycle.generation,
-      containerId: mr.containerId ?? '',
-      startedAtMs: o.member.inFlight?.startedAtMs ?? now,
-    };
+    this.ctx.metrics.turns.inc({ context_state: o.contextState, cli });
+    return answer!;
   }
 
   // ---- CompleteTurn ------------------------------------------------------------------------------
@@ -322,43 +496,68 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       throw new InvalidArgument('value_too_long', 'observedLocator too long', { details: { field: 'observedLocator' } });
     }
     const end = turnEndFromEvidence(input.evidence);
-    return withIdempotency(this.ctx, 'complete', input.idempotencyKey, { groupId, memberId, turnId, observed: input.observedLocator ?? null, end }, async () => {
-      const now = this.ctx.now();
-      let outcome: ReturnType<typeof completeTurn> | undefined;
-      let before: MemberSession | undefined;
-      await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
-        if (current === undefined) throw new NotFound('group_not_found', `group ${groupId} not found`, { details: { groupId } });
-        const m = current.members.find((x) => x.session.memberId === memberId);
-        if (m === undefined) throw new NotFound('member_not_found', `member ${memberId} not in group ${groupId}`, { details: { groupId, memberId } });
-        before = m.session;
-        outcome = completeTurn(m.session, { turnId, observedLocator: input.observedLocator, end, process: m.turnProcess });
-        if (!outcome.ok || outcome.duplicate) return undefined;
-        // Every completion is a group turn_completed (R-G4: older checkpoints become stale).
-        const lc = transitionGroup(current.lifecycle, { type: 'turn_completed' }, now);
-        return {
-          ...current,
-          lifecycle: lc.ok ? lc.value : current.lifecycle,
-          lastTurnCompletedAtMs: now,
-          members: current.members.map((x) => x.session.memberId !== memberId ? x : { ...x, session: outcome!.ok ? outcome!.member : x.session, turnProcess: undefined }),
-          updatedAtMs: now,
-        };
-      });
-      const o = outcome!;
-      if (!o.ok) throw o.error;
-      if (!o.duplicate) {
-        if (o.outcome === 'locator_mismatch') this.ctx.metrics.locatorMismatches.inc({ phase: 'end' });
-        if (before?.phase !== o.member.phase && (o.member.phase === 'UNCONFIRMED' || o.outcome === 'locator_mismatch')) {
-          await this.ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'turn_end_refused', reason: o.outcome, version: `${memberId}:${turnId}`, detail: { memberId, turnId } });
-        }
+    const key = validateIdempotencyKey(input.idempotencyKey);
+    const call: Call = { key: keyDigest('complete', key), request: requestHash({ groupId, memberId, turnId, observed: input.observedLocator ?? null, end }) };
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, call, attempt === 0);
+      } catch (err) {
+        this.#groups.drop(groupId);
+        if (err instanceof NeedsFreshRead) continue;
+        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw err;
       }
+    }
+  }
+
+  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, call: Call, useCache: boolean): Promise<CompleteTurnView> {
+    const { gv, cached } = await this.#load(groupId, useCache);
+    const fresh = (): void => {
+      if (cached) throw new NeedsFreshRead();
+    };
+    const current = gv.value;
+    const m = current.members.find((x) => x.session.memberId === memberId);
+    if (m === undefined) fresh();
+    if (m === undefined) throw new NotFound('member_not_found', `member ${memberId} not in group ${groupId}`, { details: { groupId, memberId } });
+    const prior = findTurnCall(m.calls, 'complete', call.key, call.request);
+    if (prior !== undefined) {
+      if ('refusal' in prior) throw prior.refusal;
+      return replayOutcome<CompleteTurnView>(prior.outcome);
+    }
+    const before = m.session;
+    const o = completeTurn(m.session, { turnId, observedLocator, end, process: m.turnProcess });
+    if (!o.ok) fresh();
+    if (!o.ok) throw o.error;
+    const view: CompleteTurnView = {
+      outcome: o.outcome,
+      sessionKept: o.member.phase === 'RETAINED',
+      savedLocator: o.member.savedLocator,
+      nextContextState: nextContextState(o.member),
+    };
+    // The same turn completed under another key: core answers it (from a fresh read) — a refused end
+    // is refused again; nothing to write.
+    if (o.duplicate) {
+      fresh();
       if (o.refusal !== undefined) throw o.refusal;
-      return {
-        outcome: o.outcome,
-        sessionKept: o.member.phase === 'RETAINED',
-        savedLocator: o.member.savedLocator,
-        nextContextState: nextContextState(o.member),
-      };
-    });
+      return view;
+    }
+    const now = this.ctx.now();
+    // Every completion is a group turn_completed (R-G4: older checkpoints become stale).
+    const lc = transitionGroup(current.lifecycle, { type: 'turn_completed' }, now);
+    const outcome = o.refusal !== undefined ? refusalOutcome(o.refusal) : valueOutcome(view);
+    const written: GroupRecord = {
+      ...current,
+      lifecycle: lc.ok ? lc.value : current.lifecycle,
+      lastTurnCompletedAtMs: now,
+      members: current.members.map((x) => (x.session.memberId !== memberId ? x : { ...x, session: o.member, turnProcess: undefined, calls: recordTurnCall(x.calls, 'complete', call.key, call.request, outcome) })),
+      updatedAtMs: now,
+    };
+    await this.#write(groupId, written, gv.revision);
+    if (o.outcome === 'locator_mismatch') this.ctx.metrics.locatorMismatches.inc({ phase: 'end' });
+    if (before.phase !== o.member.phase && (o.member.phase === 'UNCONFIRMED' || o.outcome === 'locator_mismatch')) {
+      await this.ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'turn_end_refused', reason: o.outcome, version: `${memberId}:${turnId}`, detail: { memberId, turnId } });
+    }
+    if (o.refusal !== undefined) throw o.refusal;
+    return view;
   }
 
   // ---- StopGroup / GetGroupState -----------------------------------------------------------------

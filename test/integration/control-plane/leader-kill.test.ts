@@ -136,6 +136,10 @@ function spawnControlPlane(stateDir: string, replicaId: string): ChildProcess {
       SANDBOXFLEET_NATS_URL: fleet.nats.server.url,
       SANDBOXFLEET_STATE_DIR: stateDir,
       SANDBOXFLEET_HTTP_PORT: '0',
+      // This test drives the control plane through NATS only: plaintext gRPC on loopback, any port.
+      SANDBOXFLEET_GRPC_INSECURE: '1',
+      SANDBOXFLEET_GRPC_HOST: '127.0.0.1',
+      SANDBOXFLEET_GRPC_PORT: '0',
       SANDBOXFLEET_REPLICA_ID: replicaId,
       SANDBOXFLEET_ALLOWED_AGENT_SHAS: TEST_AGENT_SHA,
       SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS: fleet.image.imageId,

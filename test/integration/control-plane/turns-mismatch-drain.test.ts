@@ -12,7 +12,7 @@ let n = 0;
 const key = () => `mm-${++n}`;
 
 beforeAll(async () => {
-  fleet = await startFleet(2);
+  fleet = await startFleet(3);
   plane = await fleet.startPlane();
   await fleet.startAgentOn('host-a', 0);
   await fleet.waitFor('host-a READY', async () => ((await fleet.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
@@ -48,6 +48,8 @@ describe('locator mismatch at turn end, then drain', () => {
     await expect(plane.runner.completeTurn(refusedCall)).rejects.toMatchObject({ reason: 'locator_mismatch' });
     // A retry of the refused call gets the same refusal (R-I1), and the record is unchanged by it.
     await expect(plane.runner.completeTurn(refusedCall)).rejects.toMatchObject({ reason: 'locator_mismatch' });
+    // ... and so does a repeat of that end under a new key (core: a refused end is refused again).
+    await expect(plane.runner.completeTurn({ ...refusedCall, idempotencyKey: key() })).rejects.toMatchObject({ reason: 'locator_mismatch' });
 
     const state = await plane.runner.getGroupState({ groupId });
     expect(state.state).toBe('RUNNING');
@@ -76,5 +78,31 @@ describe('locator mismatch at turn end, then drain', () => {
     expect(after.hostId).toBe('host-b');
     const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: after.turnId, observedLocator: 'sess-1', evidence: SUCCESS });
     expect(done.savedLocator).toBe('sess-1');
+  }, 180_000);
+
+  it('migrates cleanly when the refused end arrives while the drain waits for the turn', async () => {
+    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-mismatch-during-drain', members: [{ memberId: 'm1', cli: 'claude_code' }] });
+    const groupId = group.groupId;
+    expect(group.hostId).toBe('host-b');
+    const first = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: first.turnId, observedLocator: 'sess-2', evidence: SUCCESS });
+    const live = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    expect(live.contextState).toBe('LIVE');
+
+    await fleet.startAgentOn('host-c', 2);
+    await fleet.waitFor('host-c READY', async () => ((await fleet.host('host-c')).lifecycle.state === 'READY' ? true : undefined));
+    expect(await plane.drainHost('host-b')).toBe(true);
+    // The controller waits (bounded, turnWaitMs) for the turn in flight; it ends refused meanwhile.
+    await fleet.waitFor('evacuation marked', async () => ((await fleet.group(groupId)).evacuation !== undefined ? true : undefined), 10_000);
+    await expect(plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: live.turnId, observedLocator: 'sess-other', evidence: SUCCESS })).rejects.toMatchObject({ reason: 'locator_mismatch' });
+
+    const moved = await fleet.waitFor(`${groupId} moved to host-c`, async () => {
+      const g = await fleet.group(groupId);
+      if (g.lifecycle.state === 'LOST') throw new Error(`group LOST ${g.lifecycle.lostReason}`);
+      return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-c' && g.evacuation === undefined ? g : undefined;
+    }, 90_000);
+    expect(moved.lifecycle.stop).toEqual({ clean: true });
+    expect(moved.members[0]!.session).toMatchObject({ phase: 'RETAINED', savedLocator: 'sess-2' });
+    expect((await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' })).contextState).toBe('RESTORED');
   }, 180_000);
 });
