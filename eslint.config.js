@@ -3,19 +3,20 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
-const layers = ['core', 'gen', 'config', 'observability', 'store', 'docker', 'kube', 'host-agent', 'control-plane', 'api', 'runner-sdk', 'cli'];
+const layers = ['core', 'gen', 'wire', 'config', 'observability', 'store', 'docker', 'kube', 'host-agent', 'control-plane', 'api', 'runner-sdk', 'cli'];
 /** What each src/ folder may import (besides itself). Keep in step with ARCHITECTURE.md. */
 const allowed = {
   core: [],
   gen: [],
+  wire: ['core', 'gen'],
   config: ['core'],
   observability: ['core'],
   store: ['core', 'gen', 'config', 'observability'],
   docker: ['core', 'config', 'observability'],
   kube: ['core', 'config', 'observability'],
-  'host-agent': ['core', 'gen', 'config', 'observability', 'store', 'docker'],
-  'control-plane': ['core', 'gen', 'config', 'observability', 'store', 'kube'],
-  api: ['core', 'gen', 'config', 'observability', 'control-plane'],
+  'host-agent': ['core', 'gen', 'wire', 'config', 'observability', 'store', 'docker'],
+  'control-plane': ['core', 'gen', 'wire', 'config', 'observability', 'store', 'kube'],
+  api: ['core', 'gen', 'wire', 'config', 'observability', 'control-plane'],
   'runner-sdk': ['gen'],
   cli: ['gen', 'config', 'runner-sdk'],
 };

@@ -6,9 +6,9 @@
 import { createHash } from 'node:crypto';
 import type { CheckpointManifest as CoreManifest } from '../core/checkpoint-manifest.ts';
 import type { CheckpointMemberSummary, CheckpointSummary } from '../core/index.ts';
-import { CliKind } from '../gen/sandboxfleet/v1/common.ts';
 import type { CheckpointManifest as ProtoManifest } from '../gen/sandboxfleet/v1/agent.ts';
 import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
+import { toWireManifest } from '../wire/checkpoint-manifest.ts';
 import type { CheckpointRecord } from './records.ts';
 
 /** The stored manifest, or undefined when it does not exist (a checkpoint without one does not exist). */
@@ -83,28 +83,16 @@ export async function verifyCheckpoint(chunks: ChunkStore, record: CheckpointRec
   return { summary: { ...base, members }, manifest };
 }
 
-const CLI_BY_NAME: Record<string, CliKind> = {
-  claude_code: CliKind.CLAUDE_CODE,
-  codex: CliKind.CODEX,
-  pi: CliKind.PI,
-  opencode: CliKind.OPENCODE,
-  kilo: CliKind.KILO,
-};
-
-export function cliKindToProto(name: string): CliKind {
-  return CLI_BY_NAME[name.replaceAll('-', '_')] ?? CliKind.UNSPECIFIED;
-}
-
-/** The protobuf manifest a RestoreCommand carries, from the stored (verified) manifest. */
+/**
+ * The protobuf manifest a RestoreCommand carries, from the stored (verified) manifest. The
+ * clean-stop evidence is rebuilt from what core keeps: the stored manifest only exists for a
+ * clean stop (the agent refuses to checkpoint anything else), which is what the agent re-checks.
+ */
 export function manifestToProto(m: CoreManifest, record: CheckpointRecord): ProtoManifest {
-  return {
-    schemaVersion: m.schemaVersion,
-    checkpointId: m.checkpointId,
-    groupId: m.groupId,
-    placementGeneration: m.placementGeneration,
-    sourceHostId: m.source.hostId,
-    sourceHostEpoch: m.source.epoch,
-    createdAtUnixMs: m.createdAtMs,
+  const wire = toWireManifest(m, {
+    baseImageRef: '',
+    activityVersion: record.activityVersion,
+    lastCompletedTurnId: '',
     cleanStop: {
       clean: true,
       noTurnInFlight: true,
@@ -125,31 +113,8 @@ export function manifestToProto(m: CoreManifest, record: CheckpointRecord): Prot
         turnInFlight: false,
       })),
     },
-    members: m.members.map((member) => {
-      let offset = 0;
-      return {
-        memberId: member.memberId,
-        kind: cliKindToProto(member.cliKind),
-        savedLocator: member.savedLocator ?? '',
-        nativeSessionPaths: [...member.nativeSessionPaths],
-        layer: {
-          digest: member.layer.digest,
-          sizeBytes: member.layer.size,
-          chunks: member.layer.chunks.map((c) => {
-            const chunk = { digest: c.digest, sizeBytes: c.size, offset };
-            offset += c.size;
-            return chunk;
-          }),
-          mediaType: 'application/vnd.oci.image.layer.v1.tar',
-          entryCount: 0,
-        },
-        sourceContainerId: '',
-      };
-    }),
-    baseImageDigest: m.baseImageDigest,
-    baseImageRef: '',
-    bridgeVersion: record.bridgeVersion,
-    activityVersion: record.activityVersion,
-    lastCompletedTurnId: '',
-  };
+    sourceContainerIds: new Map(),
+    entryCounts: new Map(),
+  });
+  return { ...wire, bridgeVersion: record.bridgeVersion };
 }

@@ -20,7 +20,8 @@ import type { CleanStopEvidence } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
 import type { Versioned } from '../store/kv-repository.ts';
 import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
-import { cliKindToProto, readManifest, recordFromManifest } from './checkpoints.ts';
+import { readManifest, recordFromManifest } from './checkpoints.ts';
+import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 

@@ -57,7 +57,7 @@ import { candidates, isTerminal, listGroups, listHosts } from './fleet.ts';
 import { GroupOps } from './group-ops.ts';
 import { findTurnCall, isFinalRefusal, keyDigest, recordTurnCall, refusalOutcome, replayOutcome, requestHash, validateIdempotencyKey, valueOutcome, withIdempotency } from './idempotency.ts';
 import { chooseHost } from './placement.ts';
-import { cliKindToProto } from './checkpoints.ts';
+import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { GroupRecord, HeartbeatRecord, HostRecord, MemberRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 

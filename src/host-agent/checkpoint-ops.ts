@@ -25,9 +25,10 @@ import { CommandError, failed, refused } from './command-error.ts';
 import type { GroupOps } from './group-ops.ts';
 import { LayerTransferError } from './layer/errors.ts';
 import { fetchLayer, storeLayer } from './layer/layer-transfer.ts';
-import { CHECKPOINT_MANIFEST_SCHEMA_VERSION, coreCleanStop, fromWireManifest, toWireManifest } from './manifest-wire.ts';
+import { CHECKPOINT_MANIFEST_SCHEMA_VERSION, coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
-import { cliKindName, isoToMs } from './wire.ts';
+import { isoToMs } from './wire.ts';
+import { cliKindName } from '../wire/cli-kind.ts';
 
 export interface CheckpointOpsDeps {
   readonly runtime: DockerRuntime;

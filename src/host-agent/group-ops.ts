@@ -8,7 +8,8 @@ import type { ContainerInfo, DockerRuntime } from '../docker/runtime.ts';
 import type { CleanStopEvidence, CreateGroupCommand, MemberStopEvidence } from '../gen/sandboxfleet/v1/agent.ts';
 import { failed, refused } from './command-error.ts';
 import type { HostAgentConfig } from './config.ts';
-import { cliKindName, isoToMs } from './wire.ts';
+import { isoToMs } from './wire.ts';
+import { cliKindName } from '../wire/cli-kind.ts';
 
 export interface GroupOpsDeps {
   readonly runtime: DockerRuntime;

@@ -1,27 +1,7 @@
 // Conversions between the Docker adapter's view and the agent wire protocol (proto), kept in one
 // place: CLI kind names, container states, inventory entries. No I/O here.
-import { CliKind } from '../gen/sandboxfleet/v1/common.ts';
 import { ContainerState, type ContainerInfo as WireContainer } from '../gen/sandboxfleet/v1/agent.ts';
 import type { ContainerInfo, ContainerStatus } from '../docker/runtime.ts';
-
-/** CLI kind names as used in container labels and checkpoint manifests. */
-const KIND_NAMES: ReadonlyMap<CliKind, string> = new Map([
-  [CliKind.CLAUDE_CODE, 'claude-code'],
-  [CliKind.CODEX, 'codex'],
-  [CliKind.PI, 'pi'],
-  [CliKind.OPENCODE, 'opencode'],
-  [CliKind.KILO, 'kilo'],
-]);
-
-/** Label name of a CLI kind; undefined for UNSPECIFIED/unknown values (refused by callers). */
-export function cliKindName(kind: CliKind): string | undefined {
-  return KIND_NAMES.get(kind);
-}
-
-export function cliKindFromName(name: string): CliKind {
-  for (const [kind, n] of KIND_NAMES) if (n === name) return kind;
-  return CliKind.UNSPECIFIED;
-}
 
 const STATES: Readonly<Record<ContainerStatus, ContainerState>> = {
   created: ContainerState.CREATED,

@@ -11,7 +11,7 @@ import {
   type ChunkRef,
 } from '../core/checkpoint-manifest.ts';
 import type { CheckpointManifest, CleanStopEvidence, LayerChunk } from '../gen/sandboxfleet/v1/agent.ts';
-import { cliKindFromName, cliKindName } from './wire.ts';
+import { cliKindFromName, cliKindName } from './cli-kind.ts';
 
 export const OCI_LAYER_MEDIA_TYPE = 'application/vnd.oci.image.layer.v1.tar';
 
