@@ -32,6 +32,50 @@ function deadlineOf(call: AnyCall): number | undefined {
   return Number.isFinite(ms) ? ms : undefined;
 }
 
+/**
+ * The transport connection (TLS socket) a call arrived on, or undefined when grpc-js does not expose
+ * it in the shape we know (then the identity is simply derived per call, as before). grpc-js has no
+ * public accessor: a server call wraps a chain of intercepting calls (`call`, then `nextCall`...)
+ * whose innermost one holds the HTTP/2 `stream`, whose `session.socket` is the connection.
+ */
+function connectionOf(call: AnyCall): object | undefined {
+  let node: unknown = (call as { call?: unknown }).call;
+  for (let depth = 0; depth < 8 && typeof node === 'object' && node !== null; depth += 1) {
+    const stream = (node as { stream?: { session?: { socket?: unknown } } }).stream;
+    if (stream !== undefined) {
+      const socket = stream.session?.socket;
+      return typeof socket === 'object' && socket !== null ? socket : undefined;
+    }
+    node = (node as { nextCall?: unknown }).nextCall;
+  }
+  return undefined;
+}
+
+// Identity per connection, per identify function (one per server). The peer certificate of an
+// established TLS connection never changes: TLS 1.3 has no renegotiation and HTTP/2 forbids it
+// under TLS 1.2 (RFC 9113 §9.2.1; Node's http2 disables it on the socket). So the role is derived
+// once per connection instead of on every call: grpc-js's getAuthContext() rebuilds the whole
+// parsed peer certificate object on each call (~6% of the API's CPU at c64). Entries die with
+// their socket (WeakMap).
+const identities = new WeakMap<HandlerDeps['identify'], WeakMap<object, PeerIdentity>>();
+
+/** The caller's identity, from the per-connection cache when the connection is known (R-R5). */
+export function identifyCall(deps: HandlerDeps, call: AnyCall): PeerIdentity {
+  const connection = connectionOf(call);
+  if (connection === undefined) return deps.identify(call);
+  let perConnection = identities.get(deps.identify);
+  if (perConnection === undefined) {
+    perConnection = new WeakMap();
+    identities.set(deps.identify, perConnection);
+  }
+  let peer = perConnection.get(connection);
+  if (peer === undefined) {
+    peer = deps.identify(call);
+    perConnection.set(connection, peer);
+  }
+  return peer;
+}
+
 function authorize(peer: PeerIdentity, allowed: readonly PeerRole[], method: string): void {
   if (peer.localDev) return;
   if (peer.role === undefined) {
@@ -53,7 +97,7 @@ function open(deps: HandlerDeps, call: AnyCall, method: string, allowed: readonl
     call.removeListener('cancelled', onCancel);
     if (timer !== undefined) clearTimeout(timer);
   };
-  const ctx: CallContext = { method, peer: deps.identify(call), signal: controller.signal, deadlineMs };
+  const ctx: CallContext = { method, peer: identifyCall(deps, call), signal: controller.signal, deadlineMs };
   try {
     if (call.cancelled) throw new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled before it started');
     if (deadlineMs !== undefined) {
