@@ -132,7 +132,9 @@ async function main(): Promise<void> {
         tCreate = Number(process.hrtime.bigint() - t0) / 1e9;
         return upperDirOf(c);
       });
-      const [tCreateFetch] = await timed(() => fetchLayer(stored.layer, store, targetUpper));
+      // As the agent restores: chunks fetched and verified on a worker thread with its own NATS
+      // connection, the whole-layer digest, parsing and tar -x on this one.
+      const [tCreateFetch] = await timed(() => fetchLayer(stored.layer, store, targetUpper, { fetchWorker: { servers: nats!.server.url } }));
       oursRestore.push(tCreateFetch);
 
       // Where the time goes (not part of the comparison): each side's stages alone.

@@ -120,6 +120,7 @@ export class HostAgent {
       epoch: () => this.fence.epoch ?? 0,
       imageId: () => imageId,
       imageRef: config.imageRef,
+      fetchServers: config.natsUrl.split(','),
       bridgeVersion: () => this.attested?.provenBridgeVersion,
       nowMs: this.nowMs,
     });

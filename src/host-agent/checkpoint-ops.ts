@@ -42,6 +42,8 @@ export interface CheckpointOpsDeps {
   /** The live-bridge version this host proved at attestation; undefined when unproven. */
   readonly bridgeVersion: () => number | undefined;
   readonly nowMs: () => number;
+  /** NATS servers for the restore's chunk-fetch worker thread (its own connection); none = fetch inline. */
+  readonly fetchServers?: string | readonly string[];
 }
 
 export interface RestoreOutcome {
@@ -238,7 +240,7 @@ export class CheckpointOps {
         const upperDir = creating.then((made) => runtime.upperDir(made.id));
         upperDir.catch(() => undefined); // observed below; never an unhandled rejection meanwhile
         try {
-          await fetchLayer(m.layer, store, upperDir); // applied BEFORE any start (R-G5)
+          await fetchLayer(m.layer, store, upperDir, this.deps.fetchServers ? { fetchWorker: { servers: this.deps.fetchServers } } : {}); // applied BEFORE any start (R-G5)
         } finally {
           // Settle the create before any cleanup below, so a failed fetch cannot leak the container.
           await creating.catch(() => undefined);

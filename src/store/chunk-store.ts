@@ -35,7 +35,9 @@ export type ChunkStoreErrorReason =
   | 'chunk_too_large'
   | 'manifest_exists'
   | 'manifest_missing'
-  | 'invalid_id';
+  | 'invalid_id'
+  /** The fetch itself failed (connection, timeout): nothing says the data is bad; retry elsewhere. */
+  | 'fetch_failed';
 
 export class ChunkStoreError extends Error {
   override readonly name = 'ChunkStoreError';

@@ -170,6 +170,28 @@ describe('layer checkpoint through the chunk store', () => {
     expect(again.stats.storedBytes).toBe(0);
   });
 
+  it('fetching on a worker thread restores the identical tree and refuses corrupt or missing chunks', async () => {
+    const fetchWorker = { servers: nats.server.url };
+    const upper = join(work, 'upper-fw');
+    buildUpperDir(upper);
+    const { layer } = await storeLayer(upper, store);
+    const target = join(work, 'restored-fw');
+    await fetchLayer(layer, store, target, { fetchWorker });
+    expect(snapshot(target)).toEqual(snapshot(upper));
+    expect(xattrs(target)).toEqual(xattrs(upper));
+
+    const bad = 'restored-fw-bad';
+    const swapped: LayerRef = { ...layer, chunks: [{ digest: layer.chunks[1]!.digest, size: layer.chunks[0]!.size }, ...layer.chunks.slice(1)] };
+    expect(await reasonOf(fetchLayer(swapped, store, join(work, bad), { fetchWorker }))).toBe('chunk_digest_mismatch');
+    expectNothingWritten(work, bad);
+    const missing: LayerRef = { ...layer, chunks: [...layer.chunks.slice(0, -1), { digest: `sha256:${'1'.repeat(64)}`, size: 10 }] };
+    expect(await reasonOf(fetchLayer(missing, store, join(work, bad), { fetchWorker }))).toBe('chunk_missing');
+    expectNothingWritten(work, bad);
+    // An unreachable server is a failed fetch, not corruption: the control plane retries elsewhere.
+    expect(await reasonOf(fetchLayer(layer, store, join(work, bad), { fetchWorker: { servers: 'nats://127.0.0.1:1' } }))).toBe('fetch_failed');
+    expectNothingWritten(work, bad);
+  });
+
   it('off-thread hashing gives the same layer and refuses the same corruption; the target may be a promise', async () => {
     const upper = join(work, 'upper-w');
     buildUpperDir(upper);
