@@ -101,7 +101,7 @@ async function main(): Promise<void> {
     for (let r = 0; r < rounds; r++) {
       raw.push(rawLimit(upper));
 
-      // Ours: capture → FastCDC chunks → sha256 → JetStream, into an empty chunk stream each round.
+      // Ours, as the agent checkpoints: capture → FastCDC chunks (this thread) → sha256 → JetStream (publish worker thread), into an empty chunk stream each round.
       // Streams of one prefix cannot overlap in subjects: drop the previous round's pair first.
       if (lastStore) {
         const jsm = await jetstreamManager(nc);
@@ -109,7 +109,7 @@ async function main(): Promise<void> {
         await jsm.streams.delete(lastStore.manifestStream);
       }
       const store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_${r}`, manifestStream: `SF_CKPT_BENCH_${r}` });
-      const [tStore, stored] = await timed(() => storeLayer(upper, store));
+      const [tStore, stored] = await timed(() => storeLayer(upper, store, { publishWorker: { servers: nats!.server.url } }));
       ours.push(tStore);
       firstStoredBytes = stored.stats.storedBytes;
 
@@ -175,7 +175,7 @@ async function main(): Promise<void> {
 
     // Incremental: append 1 MiB to the session history, checkpoint again into the last round's store.
     await appendFile(jsonl, Buffer.alloc(MiB, '{"type":"user","message":"more"}\n'));
-    const [tIncr, incr] = await timed(() => storeLayer(upper, lastStore as ChunkStore));
+    const [tIncr, incr] = await timed(() => storeLayer(upper, lastStore as ChunkStore, { publishWorker: { servers: nats!.server.url } }));
 
     const os = await import('node:os');
     const phaseMedian = (k: string) => median(capturePhases.map((p) => p[k] ?? Number.NaN));

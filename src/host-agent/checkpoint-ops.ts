@@ -42,7 +42,7 @@ export interface CheckpointOpsDeps {
   /** The live-bridge version this host proved at attestation; undefined when unproven. */
   readonly bridgeVersion: () => number | undefined;
   readonly nowMs: () => number;
-  /** NATS servers for the restore's chunk-fetch worker thread (its own connection); none = fetch inline. */
+  /** NATS servers for the chunk publish/fetch worker threads (their own connections); none = inline. */
   readonly fetchServers?: string | readonly string[];
 }
 
@@ -131,7 +131,7 @@ export class CheckpointOps {
       if (c.member?.cliKind !== kind) throw refused('member_mismatch', `member ${spec.memberId} runs ${c.member?.cliKind}, command says ${kind}`);
       const upper = await runtime.upperDir(c.id);
       const t0 = this.deps.nowMs();
-      const stored = await storeLayer(upper, store).catch((err: unknown) => {
+      const stored = await storeLayer(upper, store, this.deps.fetchServers ? { publishWorker: { servers: this.deps.fetchServers } } : {}).catch((err: unknown) => {
         throw failed(err instanceof LayerRuleError ? 'layer_refused' : 'capture_failed', `capture of member ${spec.memberId}: ${(err as Error).message}`, err);
       });
       this.deps.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.deps.nowMs() - t0) / 1000);

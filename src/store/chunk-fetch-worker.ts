@@ -59,7 +59,7 @@ const fail = (reason, message) => parentPort.postMessage({ op: 'error', reason, 
     }
     parentPort.postMessage({ op: 'done' });
   } catch (err) {
-    fail('fetch_failed', err && err.message ? err.message : String(err));
+    fail('transfer_failed', err && err.message ? err.message : String(err));
   } finally {
     if (nc) await nc.close().catch(() => undefined);
   }
@@ -98,22 +98,22 @@ export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: W
     notify = null;
   };
   worker.on('message', push);
-  worker.on('error', (err: Error) => push({ op: 'error', reason: 'fetch_failed', message: err.message }));
-  worker.on('exit', (code) => push({ op: 'error', reason: 'fetch_failed', message: `chunk fetch worker exited (${code})` }));
+  worker.on('error', (err: Error) => push({ op: 'error', reason: 'transfer_failed', message: err.message }));
+  worker.on('exit', (code) => push({ op: 'error', reason: 'transfer_failed', message: `chunk fetch worker exited (${code})` }));
   try {
     let delivered = 0;
     for (;;) {
       while (queue.length === 0) await new Promise<void>((r) => (notify = r));
       const m = queue.shift()!;
       if (m.op === 'error') {
-        const reason = m.reason === 'chunk_missing' || m.reason === 'chunk_digest_mismatch' ? m.reason : 'fetch_failed';
+        const reason = m.reason === 'chunk_missing' || m.reason === 'chunk_digest_mismatch' ? m.reason : 'transfer_failed';
         throw new ChunkStoreError(reason, m.message);
       }
       if (m.op === 'done') {
-        if (delivered !== refs.length) throw new ChunkStoreError('fetch_failed', `chunk fetch worker finished after ${delivered} of ${refs.length} chunks`);
+        if (delivered !== refs.length) throw new ChunkStoreError('transfer_failed', `chunk fetch worker finished after ${delivered} of ${refs.length} chunks`);
         return;
       }
-      if (m.index !== delivered) throw new ChunkStoreError('fetch_failed', `chunk ${m.index} arrived out of order (expected ${delivered})`);
+      if (m.index !== delivered) throw new ChunkStoreError('transfer_failed', `chunk ${m.index} arrived out of order (expected ${delivered})`);
       delivered += 1;
       worker.postMessage({ op: 'consumed', count: delivered });
       yield Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength);

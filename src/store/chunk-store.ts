@@ -36,8 +36,8 @@ export type ChunkStoreErrorReason =
   | 'manifest_exists'
   | 'manifest_missing'
   | 'invalid_id'
-  /** The fetch itself failed (connection, timeout): nothing says the data is bad; retry elsewhere. */
-  | 'fetch_failed';
+  /** A transfer to or from the store failed (connection, timeout): nothing says the data is bad; retry. */
+  | 'transfer_failed';
 
 export class ChunkStoreError extends Error {
   override readonly name = 'ChunkStoreError';

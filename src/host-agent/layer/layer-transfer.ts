@@ -5,6 +5,7 @@ import { MAX_CHUNK_BYTES, type ChunkRef, type LayerRef } from '../../core/checkp
 import { type LayerLimits } from '../../core/layer-rules.ts';
 import { DEFAULT_READ_IN_FLIGHT, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
 import { fetchChunksInWorker } from '../../store/chunk-fetch-worker.ts';
+import { WorkerChunkWriter } from '../../store/chunk-publish-worker.ts';
 import { captureLayer } from './capture.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
 import { LayerTransferError } from './errors.ts';
@@ -23,6 +24,8 @@ export interface StoreLayerOptions {
    * than hashing inline; it can only pay on a host with an idle core (bench/checkpoint/phases.ts).
    */
   readonly offThreadHash?: boolean;
+  /** Hash and publish chunks on a worker thread with its own NATS connection to `servers` (measured: bench/checkpoint). */
+  readonly publishWorker?: { readonly servers: string | readonly string[] };
 }
 
 export interface StoredLayer {
@@ -44,6 +47,7 @@ const HASH_AHEAD = 8;
 export async function storeLayer(upperDir: string, store: ChunkStore, options: StoreLayerOptions = {}): Promise<StoredLayer> {
   const chunkerOptions = options.chunker ?? DEFAULT_CHUNKER_OPTIONS;
   if (chunkerOptions.maxSize > MAX_CHUNK_BYTES) throw new RangeError(`chunks above ${MAX_CHUNK_BYTES} bytes do not fit a NATS message`);
+  if (options.publishWorker) return storeLayerViaWorker(upperDir, chunkerOptions, options.publishWorker.servers, options);
   const offThread = options.offThreadHash ?? false;
   const chunker = new FastCdcChunker(chunkerOptions, offThread ? sharedBuffer : Buffer.allocUnsafe);
   const writer = store.writer(options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT);
@@ -85,6 +89,32 @@ export async function storeLayer(upperDir: string, store: ChunkStore, options: S
   if (digest === null) throw new LayerTransferError('capture_failed', 'layer was not hashed');
   if (stats.bytes !== captured.size) throw new LayerTransferError('capture_failed', `chunked ${stats.bytes} bytes of a ${captured.size}-byte layer`);
   return { layer: { digest, size: captured.size, chunks }, entries: captured.entries, stats };
+}
+
+/**
+ * storeLayer with the per-chunk sha256, dedup and publishes on a worker thread (its own NATS
+ * connection); this thread keeps tar parsing, chunking and the whole-layer digest.
+ */
+async function storeLayerViaWorker(upperDir: string, chunkerOptions: ChunkerOptions, servers: string | readonly string[], options: StoreLayerOptions): Promise<StoredLayer> {
+  const chunker = new FastCdcChunker(chunkerOptions);
+  const writer = new WorkerChunkWriter({ servers, maxInFlight: options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT });
+  const capture = captureLayer(upperDir, { hashLayer: true, ...(options.limits ? { limits: options.limits } : {}), ...(options.tarPath ? { tarPath: options.tarPath } : {}) });
+  try {
+    for await (const piece of capture.stream) {
+      for (const chunk of chunker.push(piece)) await writer.put(chunk);
+    }
+    const last = chunker.finish();
+    if (last !== null) await writer.put(last);
+  } catch (err) {
+    await writer.abort();
+    throw err;
+  }
+  capture.done.catch(() => undefined); // awaited below; a failed upload must not leave it unobserved
+  const { refs, stats } = await writer.flush();
+  const captured = await capture.done;
+  if (captured.digest === null) throw new LayerTransferError('capture_failed', 'layer was not hashed');
+  if (stats.bytes !== captured.size) throw new LayerTransferError('capture_failed', `chunked ${stats.bytes} bytes of a ${captured.size}-byte layer`);
+  return { layer: { digest: captured.digest, size: captured.size, chunks: refs }, entries: captured.entries, stats };
 }
 
 export interface FetchLayerOptions {

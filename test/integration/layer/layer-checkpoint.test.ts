@@ -170,11 +170,15 @@ describe('layer checkpoint through the chunk store', () => {
     expect(again.stats.storedBytes).toBe(0);
   });
 
-  it('fetching on a worker thread restores the identical tree and refuses corrupt or missing chunks', async () => {
+  it('publishing and fetching on worker threads give the same layer and tree, and refuse corrupt or missing chunks', async () => {
     const fetchWorker = { servers: nats.server.url };
     const upper = join(work, 'upper-fw');
     buildUpperDir(upper);
     const { layer } = await storeLayer(upper, store);
+    // Publishing on a worker thread stores the same layer, chunk for chunk.
+    const viaWorker = await storeLayer(upper, store, { publishWorker: fetchWorker });
+    expect(viaWorker.layer).toEqual(layer);
+    expect(viaWorker.stats.storedBytes).toBe(0);
     const target = join(work, 'restored-fw');
     await fetchLayer(layer, store, target, { fetchWorker });
     expect(snapshot(target)).toEqual(snapshot(upper));
@@ -188,8 +192,9 @@ describe('layer checkpoint through the chunk store', () => {
     expect(await reasonOf(fetchLayer(missing, store, join(work, bad), { fetchWorker }))).toBe('chunk_missing');
     expectNothingWritten(work, bad);
     // An unreachable server is a failed fetch, not corruption: the control plane retries elsewhere.
-    expect(await reasonOf(fetchLayer(layer, store, join(work, bad), { fetchWorker: { servers: 'nats://127.0.0.1:1' } }))).toBe('fetch_failed');
+    expect(await reasonOf(fetchLayer(layer, store, join(work, bad), { fetchWorker: { servers: 'nats://127.0.0.1:1' } }))).toBe('transfer_failed');
     expectNothingWritten(work, bad);
+    expect(await reasonOf(storeLayer(upper, store, { publishWorker: { servers: 'nats://127.0.0.1:1' } }))).toBe('transfer_failed');
   });
 
   it('off-thread hashing gives the same layer and refuses the same corruption; the target may be a promise', async () => {
