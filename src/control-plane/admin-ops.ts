@@ -24,6 +24,7 @@ import { chooseHost, eligibleHosts, type HostCandidate } from './placement.ts';
 import type { CheckpointRecord, Evacuation, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
 import type { ProbeResponder } from './reverse-probe.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
+import { groupView } from './views.ts';
 
 /** One event of the audit log with its stream sequence. */
 export type AdminEvent = SequencedEvent;
@@ -458,33 +459,3 @@ function ineligibility(host: HostCandidate | undefined, need: { members: number;
   return 'not eligible';
 }
 
-/** The runner-port view of a group record (what GetGroupState answers too). */
-export function groupView(g: GroupRecord, revision: number, hostEpoch: number): GroupView {
-  return {
-    groupId: g.groupId,
-    conversationId: g.conversationId,
-    state: g.lifecycle.state,
-    hostId: g.lifecycle.hostId,
-    hostEpoch,
-    generation: g.lifecycle.generation,
-    stopClean: g.lifecycle.stop?.clean,
-    lostReason: g.lifecycle.lostReason,
-    members: g.members.map((m) => ({
-      memberId: m.session.memberId,
-      cli: m.session.cli,
-      phase: m.session.phase,
-      savedLocator: m.session.savedLocator,
-      containerId: m.containerId,
-      turnInFlightId: m.session.inFlight?.turnId,
-      completedTurns: m.session.completedTurns,
-      lastContextState: m.lastContextState,
-      lostReason: m.session.lostReason,
-    })),
-    latestCheckpointId: g.latestCheckpointId,
-    createdAtMs: g.createdAtMs,
-    updatedAtMs: g.updatedAtMs,
-    lastActivityAtMs: g.lifecycle.lastActivityAtMs,
-    activityVersion: g.lifecycle.activityVersion,
-    revision,
-  };
-}

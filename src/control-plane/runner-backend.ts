@@ -57,6 +57,7 @@ import { candidates, isTerminal, listGroups, listHosts } from './fleet.ts';
 import { GroupOps } from './group-ops.ts';
 import { findTurnCall, isFinalRefusal, keyDigest, recordTurnCall, refusalOutcome, replayOutcome, requestHash, validateIdempotencyKey, valueOutcome, withIdempotency } from './idempotency.ts';
 import { chooseHost } from './placement.ts';
+import { groupView } from './views.ts';
 import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { GroupRecord, HeartbeatRecord, HostRecord, MemberRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
@@ -199,34 +200,9 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
 
   async #view(g: GroupRecord, revision: number): Promise<GroupView> {
     const host = await this.ctx.repos.hosts.get(Keys.host(g.lifecycle.hostId));
-    return {
-      groupId: g.groupId,
-      conversationId: g.conversationId,
-      state: g.lifecycle.state,
-      hostId: g.lifecycle.hostId,
-      hostEpoch: host?.value.lifecycle.epoch ?? 0,
-      generation: g.lifecycle.generation,
-      stopClean: g.lifecycle.stop?.clean,
-      lostReason: g.lifecycle.lostReason,
-      members: g.members.map((m) => ({
-        memberId: m.session.memberId,
-        cli: m.session.cli,
-        phase: m.session.phase,
-        savedLocator: m.session.savedLocator,
-        containerId: m.containerId,
-        turnInFlightId: m.session.inFlight?.turnId,
-        completedTurns: m.session.completedTurns,
-        lastContextState: m.lastContextState,
-        lostReason: m.session.lostReason,
-      })),
-      latestCheckpointId: g.latestCheckpointId,
-      createdAtMs: g.createdAtMs,
-      updatedAtMs: g.updatedAtMs,
-      lastActivityAtMs: g.lifecycle.lastActivityAtMs,
-      activityVersion: g.lifecycle.activityVersion,
-      revision,
-    };
+    return groupView(g, revision, host?.value.lifecycle.epoch ?? 0);
   }
+
 
   async #viewOf(groupId: string): Promise<GroupView> {
     const g = await this.#ops.get(groupId);
