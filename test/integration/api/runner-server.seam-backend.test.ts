@@ -236,7 +236,8 @@ describe('status codes and reasons per error class (R-I1)', () => {
 
 describe('fuzzed requests (R-R4)', () => {
   const text = fc.oneof(fc.string({ maxLength: 40 }), fc.string({ minLength: 300, maxLength: 2_000 }), fc.constantFrom('', '../x', 'a b', 'a/b', '\u0000', 'ok-id'));
-  const badEnum = fc.oneof(fc.constant(0), fc.integer({ min: 6, max: 1_000 }), fc.integer({ min: -1_000, max: -1 }));
+  // Invalid for both CliKind (1..5) and TurnEndKind (1..5, 10..14): 0, 6..9, 15+ and negatives.
+  const badEnum = fc.oneof(fc.constant(0), fc.integer({ min: 6, max: 9 }), fc.integer({ min: 15, max: 1_000 }), fc.integer({ min: -1_000, max: -1 }));
 
   it('answers INVALID_ARGUMENT to random invalid requests and stays SERVING', async () => {
     const client = raw(pki.runner);
