@@ -6,6 +6,7 @@
 // name, start/stop/remove treat "already done" as success. stop() returns the exit evidence a clean
 // stop needs (R-G2): exit code, OOM kill, and whether the engine had to escalate to SIGKILL.
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type Docker from 'dockerode';
 import { DockerRuntimeError, mapEngineError, statusCodeOf } from './errors.ts';
 import { Demuxer, demux, type DemuxedOutput } from './stream.ts';
@@ -558,7 +559,32 @@ export class DockerRuntime {
     } catch (err) {
       throw mapEngineError(err, `run in ${spec.imageId}`, 'image_not_found');
     } finally {
-      if (created) await created.remove({ force: true }).catch(() => undefined);
+      if (created) await this.#removeAndWait(created.id);
+    }
+  }
+
+  /**
+   * Force-remove and wait until the engine no longer lists the container (bounded). A remove
+   * racing the kill of a timed-out run gets 409 "removal already in progress" and returns early,
+   * which would leave a container visible for a moment: "leaves nothing behind" means gone.
+   */
+  async #removeAndWait(id: string, boundMs = 10_000): Promise<void> {
+    const deadline = Date.now() + boundMs;
+    const gone = (err: unknown) => statusCodeOf(err) === 404;
+    for (;;) {
+      try {
+        await this.docker.getContainer(id).remove({ force: true, v: true });
+        return;
+      } catch (err) {
+        if (gone(err)) return;
+      }
+      try {
+        await this.docker.getContainer(id).inspect();
+      } catch (err) {
+        if (gone(err)) return;
+      }
+      if (Date.now() > deadline) return;
+      await sleep(50);
     }
   }
 
