@@ -5,8 +5,9 @@
 // by this same child, so the comparison stays fair.
 //
 // Protocol (IPC, one job at a time): the parent sends a `LoadJob`, the child answers a `LoadResult`.
-import { ContextState, TurnEndKind } from '../../src/gen/sandboxfleet/v1/common.ts';
+import { ContextState } from '../../src/gen/sandboxfleet/v1/common.ts';
 import { RunnerClient } from '../../src/runner-sdk/index.ts';
+import { successEvidence } from '../../test/support/evidence.ts';
 
 export interface LoadJob {
   readonly address: string;
@@ -50,18 +51,7 @@ export async function measure(concurrency: number, seconds: number, worker: (i: 
   return { pairs: latencies.length, pairsPerS: round(latencies.length / elapsed), p50Ms: round(percentile(latencies, 50), 2), p99Ms: round(percentile(latencies, 99), 2) };
 }
 
-export const evidence = {
-  kind: TurnEndKind.RESULT,
-  nativeTurnEnded: true,
-  succeeded: true,
-  cleanupFinished: true,
-  transportUsable: true,
-  locatorUsable: true,
-  processExited: false,
-  exitConfirmed: false,
-  nativeTurnId: '',
-  errorMessage: '',
-};
+export const evidence = successEvidence();
 
 /** One measurement window: `concurrency` runners doing begin+complete pairs against `address`. */
 export async function runLoad(job: LoadJob): Promise<LoadResult> {

@@ -9,24 +9,14 @@ import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
-import { ContextState, GroupState, StopOutcome, TurnEndKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
+import { ContextState, GroupState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { TurnEndEvidence } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
 import { startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
+import { successEvidence } from '../../support/evidence.ts';
 
-const SUCCESS: TurnEndEvidence = {
-  kind: TurnEndKind.RESULT,
-  nativeTurnEnded: true,
-  succeeded: true,
-  cleanupFinished: true,
-  transportUsable: true,
-  locatorUsable: true,
-  processExited: false,
-  exitConfirmed: false,
-  nativeTurnId: '',
-  errorMessage: '',
-};
+const SUCCESS: TurnEndEvidence = successEvidence();
 
 let fleet: Fleet;
 let plane: ControlPlane;

@@ -15,24 +15,13 @@ import { groupToProto } from '../../../src/api/mapping.ts';
 import { ApiServer, InsecureConfigurationError } from '../../../src/api/runner-server.ts';
 import { CliKind, ContextState, GroupState, StopOutcome, TurnEndKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import { AdminServiceClient, ListHostsRequest } from '../../../src/gen/sandboxfleet/v1/admin.ts';
-import { RunnerServiceClient, type TurnEndEvidence } from '../../../src/gen/sandboxfleet/v1/runner.ts';
+import { RunnerServiceClient } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type CertPair, type TestPki } from '../../support/certs.ts';
 import { MemoryCasStore, SeamBackend, type SeamRecord } from './seam-backend.ts';
+import { successEvidence } from '../../support/evidence.ts';
 
-const ok = (overrides: Partial<TurnEndEvidence> = {}): TurnEndEvidence => ({
-  kind: TurnEndKind.RESULT,
-  nativeTurnEnded: true,
-  succeeded: true,
-  cleanupFinished: true,
-  transportUsable: true,
-  locatorUsable: true,
-  processExited: false,
-  exitConfirmed: false,
-  nativeTurnId: '',
-  errorMessage: '',
-  ...overrides,
-});
+const ok = successEvidence;
 
 let pki: TestPki;
 let store: MemoryCasStore<SeamRecord>;

@@ -22,19 +22,9 @@ import {
 import { InvalidArgument } from '../../../src/core/errors.ts';
 import { CliKind, ContextState, GroupState, MemberState, TurnEndKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { BeginTurnRequest, CompleteTurnRequest, OpenGroupRequest, StopGroupRequest, TurnEndEvidence } from '../../../src/gen/sandboxfleet/v1/runner.ts';
+import { successEvidence } from '../../support/evidence.ts';
 
-const EVIDENCE: TurnEndEvidence = {
-  kind: TurnEndKind.RESULT,
-  nativeTurnEnded: true,
-  succeeded: true,
-  cleanupFinished: true,
-  transportUsable: true,
-  locatorUsable: true,
-  processExited: false,
-  exitConfirmed: false,
-  nativeTurnId: '',
-  errorMessage: '',
-};
+const EVIDENCE: TurnEndEvidence = successEvidence();
 
 const OPEN: OpenGroupRequest = { idempotencyKey: 'k-1', conversationId: 'conv-1', members: [{ memberId: 'm1', kind: CliKind.CLAUDE_CODE }] };
 const BEGIN: BeginTurnRequest = { idempotencyKey: 'k-2', groupId: 'g-1', memberId: 'm1' };
