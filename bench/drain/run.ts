@@ -221,7 +221,7 @@ async function fleetRun() {
     const config = baseConfig(image);
     plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'bench-cp' });
     plane.start();
-    const groupsRepo = store.repository('groups', GroupRecordSchema);
+    const groupsRepo = store.shardedRepository('groups', GroupRecordSchema);
     const hostState = async (id: string) => (await plane!.ctx.repos.hosts.get(Keys.host(id)))?.value;
     const startOn = async (hostId: string, i: number) => {
       agents.push(await startAgent(await nats!.connect(hostId), { hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: HEARTBEAT_INTERVAL_MS } }));

@@ -96,7 +96,7 @@ async function main(): Promise<void> {
   const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
   const hostRepo = store.repository('hosts', HostRecordSchema);
   const hbRepo = store.repository('heartbeats', HeartbeatRecordSchema);
-  const groupRepo = store.repository('groups', GroupRecordSchema);
+  const groupRepo = store.shardedRepository('groups', GroupRecordSchema);
   const show = async () => {
     const [hs, hbs, gs] = await Promise.all([hostRepo.list(), hbRepo.list(), groupRepo.list()]);
     const now = Date.now();

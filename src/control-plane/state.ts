@@ -7,6 +7,7 @@ import type { FleetMetrics } from '../observability/metrics.ts';
 import type { ChunkStore } from '../store/chunk-store.ts';
 import type { StateStore } from '../store/connection.ts';
 import type { KvRepository } from '../store/kv-repository.ts';
+import type { Repository } from '../store/sharded-kv-repository.ts';
 import type { AgentPort } from './agent-client.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
 import type { EventRecorder } from './events.ts';
@@ -28,7 +29,7 @@ import {
 export interface Repositories {
   readonly hosts: KvRepository<HostRecord>;
   readonly heartbeats: KvRepository<HeartbeatRecord>;
-  readonly groups: KvRepository<GroupRecord>;
+  readonly groups: Repository<GroupRecord>;
   readonly checkpoints: KvRepository<CheckpointRecord>;
   readonly conversations: KvRepository<ConversationRecord>;
   readonly idempotency: KvRepository<IdempotencyRecord>;
@@ -38,7 +39,7 @@ export function openRepositories(store: StateStore<ControlPlaneBuckets>): Reposi
   return {
     hosts: store.repository('hosts', HostRecordSchema),
     heartbeats: store.repository('heartbeats', HeartbeatRecordSchema),
-    groups: store.repository('groups', GroupRecordSchema),
+    groups: store.shardedRepository('groups', GroupRecordSchema),
     checkpoints: store.repository('checkpoints', CheckpointRecordSchema),
     conversations: store.repository('conversations', ConversationRecordSchema),
     idempotency: store.repository('idempotency', IdempotencyRecordSchema),

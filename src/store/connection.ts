@@ -11,7 +11,8 @@ import { CheckpointObjects } from './checkpoint-objects.ts';
 import { StoreConfigMismatchError, translateReadError } from './errors.ts';
 import { DEFAULT_MAX_EVENT_BYTES, EVENTS_SUBJECT_PREFIX, EventLog } from './event-log.ts';
 import { KvRepository } from './kv-repository.ts';
-import { ensureStream, type DesiredStream } from './stream-setup.ts';
+import { MAX_SHARDS, ShardedKvRepository, shardIndex } from './sharded-kv-repository.ts';
+import { SHARD_METADATA_KEY, ensureStream, type DesiredStream } from './stream-setup.ts';
 
 export interface ConnectNatsOptions {
   readonly servers: string | readonly string[];
@@ -41,6 +42,10 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsConnect
     reconnectTimeWait: opts.reconnectTimeWaitMs ?? 1000,
     timeout,
     waitOnFirstConnect: opts.waitOnFirstConnect ?? false,
+    // nats.js otherwise builds two Error objects (with captured stacks) for EVERY request, to have a
+    // caller stack ready in case it fails: ~8% of the control plane's CPU on the turn hot path. Our
+    // store errors name the bucket, key and operation (errors.ts), which is what a failure report needs.
+    noAsyncTraces: true,
   });
   const logger = opts.logger;
   if (logger) {
@@ -75,6 +80,25 @@ export interface KvBucketSpec {
   readonly maxBucketBytes: number;
   /** Server-side expiry of keys not rewritten within this time; only for lease-like data. */
   readonly ttlMs?: number;
+  /**
+   * Spread the keys over this many buckets `<bucket>_0..n-1` (see sharded-kv-repository.ts): a
+   * stream's writes are applied, and fsynced, one at a time. Fixed for the life of the data.
+   */
+  readonly shards?: number;
+}
+
+/** The physical buckets of `spec`: itself, or one per shard with the byte bound split evenly. */
+export function bucketShards(spec: KvBucketSpec): (KvBucketSpec & { readonly shard?: { readonly index: number; readonly count: number } })[] {
+  const count = spec.shards ?? 1;
+  if (!Number.isInteger(count) || count < 1 || count > MAX_SHARDS) throw new RangeError(`${spec.bucket}: shards must be 1..${MAX_SHARDS}`);
+  if (spec.shards === undefined) return [spec];
+  return Array.from({ length: count }, (_, index) => ({
+    ...spec,
+    bucket: `${spec.bucket}_${index}`,
+    description: `${spec.description} [shard ${index + 1} of ${count}]`,
+    maxBucketBytes: Math.ceil(spec.maxBucketBytes / count),
+    shard: { index, count },
+  }));
 }
 
 const KIB = 1024;
@@ -88,7 +112,8 @@ export const DEFAULT_BUCKETS = {
   hosts: { bucket: 'sf_hosts', description: 'host registration, attestation and state (R-H1, R-H2)', history: 5, maxRecordBytes: 64 * KIB, maxBucketBytes: 1 * GIB },
   hostLeases: { bucket: 'sf_host_leases', description: 'host lease term and fencing epoch (R-H4, R-H6)', history: 10, maxRecordBytes: 4 * KIB, maxBucketBytes: 256 * MIB },
   heartbeats: { bucket: 'sf_heartbeats', description: 'latest heartbeat and inventory per host (R-H3)', history: 1, maxRecordBytes: 256 * KIB, maxBucketBytes: 1 * GIB },
-  groups: { bucket: 'sf_groups', description: 'sandbox groups, members and placement (R-G1)', history: 10, maxRecordBytes: 64 * KIB, maxBucketBytes: 4 * GIB },
+  // Sharded: both writes of every turn land here (see sharded-kv-repository.ts for the numbers).
+  groups: { bucket: 'sf_groups', description: 'sandbox groups, members and placement (R-G1)', history: 10, maxRecordBytes: 64 * KIB, maxBucketBytes: 4 * GIB, shards: 8 },
   locators: { bucket: 'sf_locators', description: 'saved native session locators per member (R-S2)', history: 10, maxRecordBytes: 4 * KIB, maxBucketBytes: 1 * GIB },
   checkpoints: { bucket: 'sf_checkpoints', description: 'checkpoint records and their state (R-G3, R-G4, R-G7)', history: 5, maxRecordBytes: 256 * KIB, maxBucketBytes: 4 * GIB },
   leadership: { bucket: 'sf_leadership', description: 'leader lease of the control plane', history: 1, maxRecordBytes: 1 * KIB, maxBucketBytes: 1 * MIB, ttlMs: 15_000 },
@@ -144,7 +169,7 @@ export interface StateStoreOptions<B extends Record<string, KvBucketSpec> = type
 const nanos = (ms: number): number => ms * 1_000_000;
 
 /** The stream under KV bucket `spec`, mirroring what @nats-io/kv creates, plus our explicit choices. */
-export function kvStreamConfig(spec: KvBucketSpec, replicas: number): DesiredStream {
+export function kvStreamConfig(spec: KvBucketSpec & { readonly shard?: { readonly index: number; readonly count: number } }, replicas: number): DesiredStream {
   if (!Number.isInteger(spec.history) || spec.history < 1 || spec.history > 64) throw new RangeError(`${spec.bucket}: history must be 1..64`);
   const maxAge = spec.ttlMs ? nanos(spec.ttlMs) : 0;
   return {
@@ -168,6 +193,7 @@ export function kvStreamConfig(spec: KvBucketSpec, replicas: number): DesiredStr
     allow_direct: false,
     deny_delete: true,
     deny_purge: false,
+    ...(spec.shard !== undefined ? { metadata: { [SHARD_METADATA_KEY]: `${spec.shard.index}/${spec.shard.count}` } } : {}),
   };
 }
 
@@ -223,7 +249,8 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
   readonly checkpointObjects: CheckpointObjects;
   readonly replicas: number;
   readonly #buckets: B;
-  readonly #kvs: Map<keyof B, KV>;
+  /** Per bucket id, its physical buckets in shard order (one when unsharded). */
+  readonly #kvs: Map<keyof B, KV[]>;
 
   private constructor(init: {
     nc: NatsConnection;
@@ -233,7 +260,7 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     checkpointObjects: CheckpointObjects;
     replicas: number;
     buckets: B;
-    kvs: Map<keyof B, KV>;
+    kvs: Map<keyof B, KV[]>;
   }) {
     this.nc = init.nc;
     this.js = init.js;
@@ -260,7 +287,7 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
 
     const maxPayload = serverMaxPayload(nc);
     const desired: DesiredStream[] = [
-      ...Object.values(buckets).map((b) => kvStreamConfig(b, replicas)),
+      ...Object.values(buckets).flatMap((b) => bucketShards(b).map((shard) => kvStreamConfig(shard, replicas))),
       eventStreamConfig(eventsSpec, replicas),
       objectStreamConfig(objSpec, replicas),
     ];
@@ -284,13 +311,15 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     for (const d of desired) await ensureStream(jsm, d, logger);
 
     const kvm = new Kvm(js);
-    const kvs = new Map<keyof B, KV>();
+    const kvs = new Map<keyof B, KV[]>();
     for (const [id, spec] of Object.entries(buckets)) {
-      kvs.set(id as keyof B, await kvm.open(spec.bucket, { allow_direct: false, timeout }));
+      const opened: KV[] = [];
+      for (const shard of bucketShards(spec)) opened.push(await kvm.open(shard.bucket, { allow_direct: false, timeout }));
+      kvs.set(id as keyof B, opened);
     }
     const events = new EventLog({ js, jsm, stream: eventsSpec.stream, maxEventBytes: eventsSpec.maxEventBytes });
     const checkpointObjects = await CheckpointObjects.open({ js, bucket: objSpec.bucket, maxObjectBytes: objSpec.maxObjectBytes, chunkBytes: objSpec.chunkBytes });
-    logger?.info({ replicas, buckets: Object.values(buckets).map((b) => b.bucket), events: eventsSpec.stream, objects: objSpec.bucket }, 'state store ready');
+    logger?.info({ replicas, buckets: Object.values(buckets).map((b) => (b.shards === undefined ? b.bucket : `${b.bucket}_0..${b.shards - 1}`)), events: eventsSpec.stream, objects: objSpec.bucket }, 'state store ready');
     return new StateStore({ nc, js, jsm, events, checkpointObjects, replicas, buckets, kvs });
   }
 
@@ -301,16 +330,41 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     return s;
   }
 
-  /** A typed CAS repository over bucket `id`, validating records with `schema`. */
+  /** A typed CAS repository over unsharded bucket `id`, validating records with `schema`. */
   repository<T>(id: keyof B, schema: z.ZodType<T>): KvRepository<T> {
     const spec = this.spec(id);
-    return new KvRepository<T>({ kv: this.rawKv(id), bucket: spec.bucket, schema, maxRecordBytes: spec.maxRecordBytes });
+    if (spec.shards !== undefined) throw new Error(`bucket ${spec.bucket} is sharded: use shardedRepository()`);
+    return new KvRepository<T>({ kv: this.#physical(id)[0]!, bucket: spec.bucket, schema, maxRecordBytes: spec.maxRecordBytes });
   }
 
-  /** The untyped client bucket: for leader-lease style uses and tests; prefer repository(). */
-  rawKv(id: keyof B): KV {
-    const kv = this.#kvs.get(id);
-    if (!kv) throw new Error(`unknown bucket id ${String(id)}`);
-    return kv;
+  /** A typed CAS repository over bucket `id`, sharded or not (see sharded-kv-repository.ts). */
+  shardedRepository<T>(id: keyof B, schema: z.ZodType<T>): ShardedKvRepository<T> {
+    const spec = this.spec(id);
+    const kvs = this.#physical(id);
+    const shards = bucketShards(spec).map((s, i) => new KvRepository<T>({ kv: kvs[i]!, bucket: s.bucket, schema, maxRecordBytes: s.maxRecordBytes }));
+    return new ShardedKvRepository<T>(spec.bucket, shards);
+  }
+
+  /** The NATS bucket that holds `key` of bucket `id` (the bucket itself when unsharded). */
+  bucketFor(id: keyof B, key: string): string {
+    const spec = this.spec(id);
+    return spec.shards === undefined ? spec.bucket : `${spec.bucket}_${shardIndex(key, spec.shards)}`;
+  }
+
+  /**
+   * The untyped client bucket: for leader-lease style uses and tests; prefer repository(). A sharded
+   * bucket needs the key, to name the shard that holds it.
+   */
+  rawKv(id: keyof B, key?: string): KV {
+    const kvs = this.#physical(id);
+    if (kvs.length === 1) return kvs[0]!;
+    if (key === undefined) throw new Error(`bucket ${this.spec(id).bucket} is sharded: rawKv needs the key`);
+    return kvs[shardIndex(key, kvs.length)]!;
+  }
+
+  #physical(id: keyof B): KV[] {
+    const kvs = this.#kvs.get(id);
+    if (!kvs) throw new Error(`unknown bucket id ${String(id)}`);
+    return kvs;
   }
 }

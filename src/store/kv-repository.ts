@@ -91,6 +91,11 @@ export class KvRepository<T> {
     return this.#codec.maxBytes;
   }
 
+  /** Default and maximum number of keys one keys()/list() returns. */
+  get maxListKeys(): number {
+    return this.#maxList;
+  }
+
   #where(key: string): string {
     return `${this.bucket}/${key}`;
   }

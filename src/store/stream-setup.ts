@@ -8,6 +8,9 @@ import { JetStreamApiError, type JetStreamManager, type StreamConfig, type Strea
 import type { Logger } from '../observability/logger.ts';
 import { StoreConfigMismatchError, translateReadError } from './errors.ts';
 
+/** Stream metadata key recording a KV shard's place in its layout ("index/count"). */
+export const SHARD_METADATA_KEY = 'sandboxfleet.shard';
+
 export type DesiredStream = Partial<StreamConfig> & Pick<StreamConfig, 'name' | 'subjects' | 'storage' | 'retention' | 'num_replicas'>;
 
 /** Settings that cannot be changed in place: a mismatch is an operator problem, not ours to fix. */
@@ -56,6 +59,11 @@ export function diffStreamConfig(live: StreamConfig, desired: DesiredStream): { 
   const wantSubjects = [...desired.subjects].sort().join(',');
   if (liveSubjects !== wantSubjects) immutable.push(`subjects: ${liveSubjects} → ${wantSubjects}`);
   for (const f of IMMUTABLE) if (!sameValue(live[f], desired[f])) immutable.push(`${f}: ${String(live[f])} → ${String(desired[f])}`);
+  // A shard's place in its layout ("index/count") never changes: another count moves keys between
+  // shards, so data written under the old layout would silently vanish from reads.
+  const liveShard = live.metadata?.[SHARD_METADATA_KEY];
+  const wantShard = desired.metadata?.[SHARD_METADATA_KEY];
+  if (liveShard !== wantShard) immutable.push(`shard layout: ${liveShard ?? 'unsharded'} → ${wantShard ?? 'unsharded'}`);
   for (const f of MUTABLE) {
     if (!(f in desired)) continue;
     if (!sameValue(live[f], desired[f])) mutable.push(`${f}: ${String(live[f])} → ${String(desired[f])}`);

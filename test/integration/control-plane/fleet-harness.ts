@@ -83,7 +83,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
       agents.delete(hostId);
     },
     async group(groupId) {
-      const g = await store.repository('groups', (await import('../../../src/control-plane/records.ts')).GroupRecordSchema).get(Keys.group(groupId));
+      const g = await store.shardedRepository('groups', (await import('../../../src/control-plane/records.ts')).GroupRecordSchema).get(Keys.group(groupId));
       if (!g) throw new Error(`no group ${groupId}`);
       return g.value;
     },

@@ -152,7 +152,7 @@ describe('unplanned loss: host killed', () => {
       const s = await plane.runner.stopGroup({ idempotencyKey: key(), groupId: g });
       expect(s.checkpointId).toBeDefined();
     }
-    const groups = fleet.store.repository('groups', GroupRecordSchema);
+    const groups = fleet.store.shardedRepository('groups', GroupRecordSchema);
     const checkpoints = fleet.store.repository('checkpoints', CheckpointRecordSchema);
     // no checkpoint: the index entry and manifest are gone (a checkpoint without a manifest does not exist).
     {

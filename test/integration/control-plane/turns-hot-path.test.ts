@@ -33,7 +33,7 @@ afterAll(async () => {
 });
 
 async function revision(groupId: string): Promise<number> {
-  return (await fleet.store.repository('groups', GroupRecordSchema).get(Keys.group(groupId)))!.revision;
+  return (await fleet.store.shardedRepository('groups', GroupRecordSchema).get(Keys.group(groupId)))!.revision;
 }
 
 async function idempotencyKeys(): Promise<string[]> {

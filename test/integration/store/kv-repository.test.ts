@@ -5,7 +5,8 @@ import { z } from 'zod';
 import { Conflict } from '../../../src/core/errors.ts';
 import { StateStore } from '../../../src/store/connection.ts';
 import { CasConflictError, InvalidKeyError, RecordInvalidError, RecordTooLargeError, StoreError } from '../../../src/store/errors.ts';
-import type { KvChange, KvRepository } from '../../../src/store/kv-repository.ts';
+import type { KvChange } from '../../../src/store/kv-repository.ts';
+import type { Repository } from '../../../src/store/sharded-kv-repository.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 
 const Counter = z.object({ n: z.number().int().nonnegative(), by: z.string().max(64) });
@@ -13,12 +14,12 @@ type Counter = z.infer<typeof Counter>;
 
 let nats: TestNats;
 let store: StateStore;
-let repo: KvRepository<Counter>;
+let repo: Repository<Counter>;
 
 beforeAll(async () => {
   nats = await startTestNats();
   store = await StateStore.open(await nats.connect('kv-test'));
-  repo = store.repository('groups', Counter);
+  repo = store.shardedRepository('groups', Counter);
 });
 
 afterAll(async () => {
@@ -37,10 +38,10 @@ describe('KvRepository CAS', () => {
   it('lets exactly one of N concurrent updates from the same revision win', async () => {
     const rev0 = await repo.create('cas-race', { n: 0, by: 'init' });
     // Separate connections, so the writes really race at the server.
-    const others = await Promise.all(Array.from({ length: 4 }, async (_, i) => (await StateStore.open(await nats.connect(`w${i}`))).repository('groups', Counter)));
+    const others = await Promise.all(Array.from({ length: 4 }, async (_, i) => (await StateStore.open(await nats.connect(`w${i}`))).shardedRepository('groups', Counter)));
     const writers = [repo, ...others];
     const N = 20;
-    const { ok, errors } = await settle(Array.from({ length: N }, (_, i) => (writers[i % writers.length] as KvRepository<Counter>).update('cas-race', { n: 1, by: `w${i}` }, rev0)));
+    const { ok, errors } = await settle(Array.from({ length: N }, (_, i) => (writers[i % writers.length] as Repository<Counter>).update('cas-race', { n: 1, by: `w${i}` }, rev0)));
     expect(ok).toHaveLength(1);
     expect(errors).toHaveLength(N - 1);
     for (const e of errors) {
@@ -90,7 +91,7 @@ describe('KvRepository CAS', () => {
 
   it('mutate() gives up after its bounded retries with a CasConflictError', async () => {
     await repo.create('contended', { n: 0, by: 'init' });
-    const rival = (await StateStore.open(await nats.connect('rival'))).repository('groups', Counter);
+    const rival = (await StateStore.open(await nats.connect('rival'))).shardedRepository('groups', Counter);
     let calls = 0;
     // Every time fn runs, a rival writer gets in first, so every CAS attempt of mutate() loses.
     const err = await repo
@@ -162,21 +163,22 @@ describe('KvRepository validation', () => {
   });
 
   it('reports a corrupt value injected into the bucket as record_invalid on read, not a crash', async () => {
-    const raw = store.rawKv('groups');
-    await raw.put('corrupt-json', new TextEncoder().encode('{"n": 1, "by": '));
-    await raw.put('corrupt-schema', new TextEncoder().encode('{"n": "seven", "by": "x"}'));
-    await raw.put('corrupt-utf8', new Uint8Array([0x7b, 0xff, 0xfe, 0x7d]));
+    // The groups bucket is sharded: each corrupt value goes to the shard that holds its key.
+    const put = (key: string, bytes: Uint8Array): Promise<number> => store.rawKv('groups', key).put(key, bytes);
+    await put('corrupt-json', new TextEncoder().encode('{"n": 1, "by": '));
+    await put('corrupt-schema', new TextEncoder().encode('{"n": "seven", "by": "x"}'));
+    await put('corrupt-utf8', new Uint8Array([0x7b, 0xff, 0xfe, 0x7d]));
     for (const key of ['corrupt-json', 'corrupt-schema', 'corrupt-utf8']) {
       const err = await repo.get(key).catch((e: unknown) => e);
       expect(err, key).toBeInstanceOf(RecordInvalidError);
       expect((err as StoreError).reason).toBe('record_invalid');
-      expect((err as Error).message).toContain(`sf_groups/${key}`);
+      expect((err as Error).message).toContain(`${store.bucketFor('groups', key)}/${key}`);
     }
     // mutate() must not paper over corruption by overwriting it.
     await expect(repo.mutate('corrupt-schema', () => ({ n: 0, by: 'fix' }))).rejects.toBeInstanceOf(RecordInvalidError);
     // A listing still returns the good records and reports the bad ones.
     const all = await repo.list();
-    expect(all.invalid.map((e) => e.where).sort()).toEqual(['sf_groups/corrupt-json', 'sf_groups/corrupt-schema', 'sf_groups/corrupt-utf8']);
+    expect(all.invalid.map((e) => e.where).sort()).toEqual(['corrupt-json', 'corrupt-schema', 'corrupt-utf8'].map((k) => `${store.bucketFor('groups', k)}/${k}`).sort());
     expect(all.entries.find((e) => e.key === 'counter')?.value.n).toBe(12);
   });
 

@@ -27,7 +27,7 @@ async function jsConfig(monitorUrl: string): Promise<{ sync_always?: boolean; sy
 }
 
 async function writeFixture(store: StateStore): Promise<{ revs: Map<string, number>; seqs: number[]; digest: string }> {
-  const repo = store.repository('groups', Placement);
+  const repo = store.shardedRepository('groups', Placement);
   const revs = new Map<string, number>();
   for (let i = 0; i < 5; i++) {
     const r1 = await repo.create(`g${i}`, { groupId: `g${i}`, hostId: 'h1', generation: 1 });
@@ -40,7 +40,7 @@ async function writeFixture(store: StateStore): Promise<{ revs: Map<string, numb
 }
 
 async function verifyFixture(store: StateStore, f: { revs: Map<string, number>; seqs: number[]; digest: string }): Promise<void> {
-  const repo = store.repository('groups', Placement);
+  const repo = store.shardedRepository('groups', Placement);
   for (const [key, rev] of f.revs) {
     expect(await repo.get(key)).toEqual({ value: { groupId: key, hostId: 'h2', generation: 2 }, revision: rev });
   }
@@ -75,7 +75,7 @@ describe('restart durability', () => {
     await verifyFixture(reopened, fixture);
     // A brand-new client sees the same data.
     const fresh = await StateStore.open(await nats.connect('fresh'));
-    expect((await fresh.repository('groups', Placement).get('g1'))?.revision).toBe(fixture.revs.get('g1'));
+    expect((await fresh.shardedRepository('groups', Placement).get('g1'))?.revision).toBe(fixture.revs.get('g1'));
   });
 
   it('keeps every acknowledged write when the server is killed with SIGKILL', async () => {
@@ -94,7 +94,7 @@ describe('restart durability', () => {
     nats = await startTestNats();
     const nc = await nats.connect('down-test');
     const store = await StateStore.open(nc, { timeoutMs: 1000 });
-    const repo = store.repository('groups', Placement);
+    const repo = store.shardedRepository('groups', Placement);
     const rev = await repo.create('g', { groupId: 'g', hostId: 'h1', generation: 1 });
     await nats.server.stop();
     const w = await repo.update('g', { groupId: 'g', hostId: 'h2', generation: 2 }, rev).catch((e: unknown) => e);

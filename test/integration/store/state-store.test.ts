@@ -3,7 +3,11 @@
 // (mutable), and limits that the server could not honour are refused up front.
 import { DiscardPolicy, RetentionPolicy, StorageType } from '@nats-io/jetstream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectNats, DEFAULT_BUCKETS, DEFAULT_CHECKPOINT_OBJECTS, DEFAULT_EVENT_STREAM, StateStore, kvStreamConfig, type KvBucketSpec } from '../../../src/store/connection.ts';
+import { bucketShards, connectNats, DEFAULT_BUCKETS, DEFAULT_CHECKPOINT_OBJECTS, DEFAULT_EVENT_STREAM, StateStore, kvStreamConfig, type KvBucketSpec } from '../../../src/store/connection.ts';
+import { SHARD_METADATA_KEY } from '../../../src/store/stream-setup.ts';
+import { shardIndex } from '../../../src/store/sharded-kv-repository.ts';
+import { z } from 'zod';
+import { Kvm } from '@nats-io/kv';
 import { StoreConfigMismatchError } from '../../../src/store/errors.ts';
 import { LocalNatsServer } from '../../../src/store/local-nats-server.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
@@ -25,8 +29,9 @@ describe('StateStore.open', () => {
     expect(stores).toHaveLength(4);
     await StateStore.open(conns[0] as (typeof conns)[0]); // and once more, sequentially
     const jsm = (stores[0] as StateStore).jsm;
-    for (const spec of Object.values(DEFAULT_BUCKETS) as KvBucketSpec[]) {
+    for (const spec of (Object.values(DEFAULT_BUCKETS) as KvBucketSpec[]).flatMap(bucketShards)) {
       const { config } = await jsm.streams.info(`KV_${spec.bucket}`);
+      expect(config.metadata?.[SHARD_METADATA_KEY], spec.bucket).toBe(spec.shard !== undefined ? `${spec.shard.index}/${spec.shard.count}` : undefined);
       expect(config.storage, spec.bucket).toBe(StorageType.File);
       expect(config.num_replicas).toBe(1);
       expect(config.max_msgs_per_subject).toBe(spec.history);
@@ -55,6 +60,41 @@ describe('StateStore.open', () => {
     expect(err).toBeInstanceOf(StoreConfigMismatchError);
     expect((err as StoreConfigMismatchError).reason).toBe('store_config_mismatch');
     expect((err as Error).message).toMatch(/storage: memory → file/);
+  });
+
+  it('refuses to reopen a sharded bucket with another shard count (keys would move between shards)', async () => {
+    const nc = await nats.connect('shards');
+    const spec: KvBucketSpec = { bucket: 'sharded_t', description: 'test', history: 2, maxRecordBytes: 1024, maxBucketBytes: 8 * 1024 * 1024, shards: 4 };
+    const store = await StateStore.open(nc, { buckets: { s: spec } });
+    const repo = store.shardedRepository('s', z.object({ n: z.number() }));
+    for (let i = 0; i < 40; i++) await repo.create(`k${i}`, { n: i });
+    // Every key is in the shard its hash names, and only there.
+    const counts = [0, 0, 0, 0];
+    for (let i = 0; i < 4; i++) {
+      const kv = await new Kvm(nc).open(`sharded_t_${i}`);
+      for await (const key of await kv.keys()) {
+        expect(shardIndex(key, 4), key).toBe(i);
+        counts[i]! += 1;
+      }
+    }
+    expect(counts.reduce((a, b) => a + b, 0)).toBe(40);
+    expect(counts.every((c) => c > 0), `keys spread over all shards: ${counts.join(',')}`).toBe(true);
+    // Merged listings keep the bounds of one bucket.
+    expect((await repo.keys()).keys).toEqual(Array.from({ length: 40 }, (_, i) => `k${i}`).sort());
+    const cut = await repo.list({ limit: 7 });
+    expect(cut).toMatchObject({ truncated: true });
+    expect(cut.entries.map((e) => e.key)).toEqual(Array.from({ length: 40 }, (_, i) => `k${i}`).sort().slice(0, 7));
+    // Same layout: fine. Another count, fewer or more: refused before anything is read or written.
+    await StateStore.open(nc, { buckets: { s: spec } });
+    for (const shards of [2, 8]) {
+      const err = await StateStore.open(nc, { buckets: { s: { ...spec, shards } } }).catch((e: unknown) => e);
+      expect(err, `shards ${shards}`).toBeInstanceOf(StoreConfigMismatchError);
+      expect((err as Error).message).toMatch(new RegExp(`shard layout: 0/4 → 0/${shards}`));
+    }
+    // An unsharded store over the same name does not see half the keys by accident either.
+    const plain = await StateStore.open(nc, { buckets: { s: { ...spec, bucket: 'sharded_t_0', shards: undefined } } }).catch((e: unknown) => e);
+    expect(plain).toBeInstanceOf(StoreConfigMismatchError);
+    expect(() => store.repository('s', z.object({ n: z.number() }))).toThrow(/sharded/);
   });
 
   it('repairs drifted mutable settings (e.g. history, value bound) with a stream update', async () => {
