@@ -86,26 +86,51 @@ function authorize(peer: PeerIdentity, allowed: readonly PeerRole[], method: str
   }
 }
 
-/** Starts the call's context, or throws if it must not start (cancelled, deadline passed, not allowed). */
+/**
+ * Starts the call's context, or throws if it must not start (cancelled, deadline passed, not allowed).
+ * The abort signal, with its cancellation listener and deadline timer, is made on first use: most
+ * handlers (every runner turn call) finish without ever watching it, and an AbortController, an
+ * event listener and a timer per call were a measurable share of the turn hot path.
+ */
 function open(deps: HandlerDeps, call: AnyCall, method: string, allowed: readonly PeerRole[]): { ctx: CallContext; done: () => void } {
-  const controller = new AbortController();
   const deadlineMs = deadlineOf(call);
-  const onCancel = (): void => controller.abort(new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled'));
-  call.once('cancelled', onCancel);
+  let controller: AbortController | undefined;
+  let onCancel: (() => void) | undefined;
   let timer: NodeJS.Timeout | undefined;
+  let finished = false;
   const done = (): void => {
-    call.removeListener('cancelled', onCancel);
+    finished = true;
+    if (onCancel !== undefined) call.removeListener('cancelled', onCancel);
     if (timer !== undefined) clearTimeout(timer);
   };
-  const ctx: CallContext = { method, peer: identifyCall(deps, call), signal: controller.signal, deadlineMs };
-  try {
-    if (call.cancelled) throw new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled before it started');
+  const signal = (): AbortSignal => {
+    if (controller !== undefined) return controller.signal;
+    const c = new AbortController();
+    controller = c;
+    if (finished) {
+      c.abort(new ApiError(grpc.status.CANCELLED, 'cancelled', 'call already finished'));
+      return c.signal;
+    }
+    if (call.cancelled) c.abort(new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled'));
+    onCancel = (): void => c.abort(new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled'));
+    call.once('cancelled', onCancel);
     if (deadlineMs !== undefined) {
-      const left = deadlineMs - Date.now();
-      if (left <= 0) throw new ApiError(grpc.status.DEADLINE_EXCEEDED, 'deadline_exceeded', 'deadline passed before the call started');
-      timer = setTimeout(() => controller.abort(new ApiError(grpc.status.DEADLINE_EXCEEDED, 'deadline_exceeded', 'deadline exceeded')), left);
+      timer = setTimeout(() => c.abort(new ApiError(grpc.status.DEADLINE_EXCEEDED, 'deadline_exceeded', 'deadline exceeded')), Math.max(0, deadlineMs - Date.now()));
       timer.unref();
     }
+    return c.signal;
+  };
+  const ctx: CallContext = {
+    method,
+    peer: identifyCall(deps, call),
+    deadlineMs,
+    get signal(): AbortSignal {
+      return signal();
+    },
+  };
+  try {
+    if (call.cancelled) throw new ApiError(grpc.status.CANCELLED, 'cancelled', 'call cancelled before it started');
+    if (deadlineMs !== undefined && deadlineMs - Date.now() <= 0) throw new ApiError(grpc.status.DEADLINE_EXCEEDED, 'deadline_exceeded', 'deadline passed before the call started');
     authorize(ctx.peer, allowed, method);
   } catch (error) {
     done();
