@@ -21,8 +21,12 @@ export interface LoadJob {
 export interface Level {
   readonly pairs: number;
   readonly pairsPerS: number;
+  /** Latency of a whole pair (begin + complete, or one raw operation). */
   readonly p50Ms: number;
   readonly p99Ms: number;
+  /** Latency of each single call (BeginTurn or CompleteTurn) as a runner sees it. */
+  readonly callP50Ms: number;
+  readonly callP99Ms: number;
 }
 
 export type LoadResult = { readonly ok: true; readonly level: Level; readonly contextStates: string[]; /** Pairs done, warmup included (for writes per pair). */ readonly pairsDone: number } | { readonly ok: false; readonly error: string };
@@ -31,24 +35,40 @@ const percentile = (sorted: number[], p: number): number => sorted[Math.min(sort
 export const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
 
 /** Runs `worker` on `concurrency` loops for the measurement window (after a short warmup). */
-export async function measure(concurrency: number, seconds: number, worker: (i: number) => Promise<void>): Promise<Level> {
+export async function measure(concurrency: number, seconds: number, worker: (i: number, call: <T>(p: Promise<T>) => Promise<T>) => Promise<void>): Promise<Level> {
+  const untimed = <T>(p: Promise<T>): Promise<T> => p;
   const warmupEnd = Date.now() + 500;
-  while (Date.now() < warmupEnd) await Promise.all(Array.from({ length: concurrency }, (_, i) => worker(i)));
+  while (Date.now() < warmupEnd) await Promise.all(Array.from({ length: concurrency }, (_, i) => worker(i, untimed)));
   const latencies: number[] = [];
+  const callLatencies: number[] = [];
+  const timed = async <T>(p: Promise<T>): Promise<T> => {
+    const t0 = performance.now();
+    const v = await p;
+    callLatencies.push(performance.now() - t0);
+    return v;
+  };
   const start = performance.now();
   const end = start + seconds * 1000;
   await Promise.all(
     Array.from({ length: concurrency }, async (_, i) => {
       while (performance.now() < end) {
         const t0 = performance.now();
-        await worker(i);
+        await worker(i, timed);
         latencies.push(performance.now() - t0);
       }
     }),
   );
   const elapsed = (performance.now() - start) / 1000;
   latencies.sort((a, b) => a - b);
-  return { pairs: latencies.length, pairsPerS: round(latencies.length / elapsed), p50Ms: round(percentile(latencies, 50), 2), p99Ms: round(percentile(latencies, 99), 2) };
+  callLatencies.sort((a, b) => a - b);
+  return {
+    pairs: latencies.length,
+    pairsPerS: round(latencies.length / elapsed),
+    p50Ms: round(percentile(latencies, 50), 2),
+    p99Ms: round(percentile(latencies, 99), 2),
+    callP50Ms: round(percentile(callLatencies, 50), 2),
+    callP99Ms: round(percentile(callLatencies, 99), 2),
+  };
 }
 
 export const evidence = successEvidence();
@@ -59,11 +79,11 @@ export async function runLoad(job: LoadJob): Promise<LoadResult> {
   const states = new Set<string>();
   let pairsDone = 0;
   try {
-    const level = await measure(job.concurrency, job.seconds, async (i) => {
+    const level = await measure(job.concurrency, job.seconds, async (i, call) => {
       const groupId = job.groups[i] ?? '';
-      const begun = await client.beginTurn({ groupId, memberId: 'claude' });
+      const begun = await call(client.beginTurn({ groupId, memberId: 'claude' }));
       states.add(ContextState[begun.contextState] ?? String(begun.contextState));
-      await client.completeTurn({ groupId, memberId: 'claude', turnId: begun.turnId, observedLocator: `sess-${i}`, evidence });
+      await call(client.completeTurn({ groupId, memberId: 'claude', turnId: begun.turnId, observedLocator: `sess-${i}`, evidence }));
       pairsDone += 1;
     });
     return { ok: true, level, contextStates: [...states], pairsDone };
