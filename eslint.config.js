@@ -18,7 +18,7 @@ const allowed = {
   'control-plane': ['core', 'gen', 'wire', 'config', 'observability', 'store', 'kube'],
   api: ['core', 'gen', 'wire', 'config', 'observability', 'control-plane'],
   'runner-sdk': ['gen'],
-  cli: ['gen', 'config', 'runner-sdk'],
+  cli: ['core', 'gen', 'config', 'runner-sdk'],
 };
 const ioModules = ['fs', 'net', 'child_process', 'http', 'https', 'http2', 'dgram', 'dns', 'tls', 'os', 'worker_threads', 'cluster', 'process']
   .flatMap((m) => [m, `node:${m}`, `${m}/promises`, `node:${m}/promises`]);

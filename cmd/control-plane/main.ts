@@ -76,7 +76,7 @@ async function main(): Promise<void> {
     });
     natsUrl = embedded.url;
   }
-  const nc = await connectNats({ servers: natsUrl, name: `control-plane-${replicaId}`, logger, waitOnFirstConnect: true });
+  const nc = await connectNats({ servers: natsUrl, name: `control-plane-${replicaId}`, logger, waitOnFirstConnect: true, auth: { credsFile: config.natsCredsFile, caFile: config.natsCaFile } });
   const store = await StateStore.open(nc, { replicas: config.storeReplicas as 1 | 3 | 5, buckets: CONTROL_PLANE_BUCKETS, logger });
   const chunks = await ChunkStore.open(nc, { replicas: config.storeReplicas });
   await store.events.append({

@@ -8,7 +8,7 @@ import Docker from 'dockerode';
 import { DockerRuntime } from '../../src/docker/runtime.ts';
 import { HostAgent } from '../../src/host-agent/agent.ts';
 import { devCheckoutSha } from '../../src/host-agent/build-info.ts';
-import { loadHostAgentConfig } from '../../src/host-agent/config.ts';
+import { loadHostAgentConfig, natsAuthOf } from '../../src/host-agent/config.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
 import { startOpsServer } from '../../src/observability/http-server.ts';
@@ -19,7 +19,7 @@ async function main(): Promise<void> {
   const config = loadHostAgentConfig(process.env, process.env.SANDBOXFLEET_AGENT_SHA ? undefined : (devCheckoutSha(repoRoot) ?? 'unknown'));
   const logger = createLogger({ name: 'host-agent', level: config.logLevel });
   const metrics = new FleetMetrics(undefined, { defaultMetrics: true });
-  const nc = await connectNats({ servers: config.natsUrl.split(','), name: `host-agent/${config.hostId}`, logger, waitOnFirstConnect: true });
+  const nc = await connectNats({ servers: config.natsUrl.split(','), name: `host-agent/${config.hostId}`, logger, waitOnFirstConnect: true, auth: natsAuthOf(config) });
   const runtime = new DockerRuntime(new Docker({ socketPath: config.dockerSocket }));
   const agent = new HostAgent({ config, nc, runtime, logger, metrics });
   // Ready only once registered and running: kubelet and the local fleet wait on /readyz.

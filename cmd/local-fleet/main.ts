@@ -6,14 +6,16 @@
 // host" and "the sandbox image", as agreed for cmd/local-fleet); they run dockerd with the safe flags.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { CONTROL_PLANE_BUCKETS } from '../../src/control-plane/buckets.ts';
 import { GroupRecordSchema, HeartbeatRecordSchema, HostRecordSchema } from '../../src/control-plane/records.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { connectNats, StateStore } from '../../src/store/connection.ts';
-import { LocalNatsServer } from '../../src/store/local-nats-server.ts';
-import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
+import { LocalNatsServer, type NatsServerUser } from '../../src/store/local-nats-server.ts';
+import { newNkeyUser } from '../../src/store/nats-auth.ts';
+import { hostPermissions } from '../../src/core/agent-subjects.ts';
+import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
 
 const HOSTS = Number(process.env.SANDBOXFLEET_LOCAL_HOSTS ?? 3);
@@ -29,7 +31,27 @@ async function main(): Promise<void> {
   const children: ChildProcess[] = [];
   let hosts: DockerHost[] = [];
 
-  const nats = await LocalNatsServer.start({ storeDir: join(stateDir, 'nats', 'jetstream'), workDir: join(stateDir, 'nats'), logger: logger.child({ component: 'nats-server' }) });
+  // Per-process NATS credentials (R-I2, R-R5), new on every start: the control plane may use every
+  // subject, each host only its own (core/agent-subjects.ts hostPermissions). The host names are
+  // known before the engines start (startDockerHosts names them host-a, host-b, ...).
+  const credsDir = join(stateDir, 'nats', 'creds');
+  await mkdir(credsDir, { recursive: true, mode: 0o700 });
+  const writeSeed = async (name: string, seed: string): Promise<string> => {
+    const file = join(credsDir, `${name}.nk`);
+    await writeFile(file, `${seed}\n`, { mode: 0o600 });
+    return file;
+  };
+  const controlPlaneUser = newNkeyUser();
+  const controlPlaneCreds = await writeSeed('control-plane', controlPlaneUser.seed);
+  const hostNames = Array.from({ length: HOSTS }, (_, i) => dockerHostName(i));
+  const hostCreds = new Map<string, string>();
+  const users: NatsServerUser[] = [{ nkey: controlPlaneUser.publicKey }];
+  for (const name of hostNames) {
+    const user = newNkeyUser();
+    hostCreds.set(name, await writeSeed(name, user.seed));
+    users.push({ nkey: user.publicKey, permissions: hostPermissions(name) });
+  }
+  const nats = await LocalNatsServer.start({ storeDir: join(stateDir, 'nats', 'jetstream'), workDir: join(stateDir, 'nats'), users, logger: logger.child({ component: 'nats-server' }) });
   let stopping = false;
   const shutdown = async (code: number) => {
     if (stopping) return;
@@ -62,6 +84,7 @@ async function main(): Promise<void> {
   };
   run('control-plane', 'cmd/control-plane/main.ts', {
     SANDBOXFLEET_NATS_URL: nats.url,
+    SANDBOXFLEET_NATS_CREDS: controlPlaneCreds,
     SANDBOXFLEET_STATE_DIR: join(stateDir, 'control-plane'),
     SANDBOXFLEET_HTTP_PORT: process.env.SANDBOXFLEET_HTTP_PORT ?? '9464',
     SANDBOXFLEET_ALLOWED_AGENT_SHAS: LOCAL_AGENT_SHA,
@@ -80,6 +103,7 @@ async function main(): Promise<void> {
     // Each agent's /metrics listener on its own port (9465, 9466, ...; 0 = any free port).
     SANDBOXFLEET_HTTP_PORT: process.env.SANDBOXFLEET_HTTP_PORT === '0' ? '0' : String(9465 + i),
     SANDBOXFLEET_NATS_URL: nats.url,
+    SANDBOXFLEET_NATS_CREDS: hostCreds.get(h.name) ?? '',
     SANDBOXFLEET_DOCKER_SOCKET: h.socketPath,
     SANDBOXFLEET_IMAGE_REF: image.reference,
     SANDBOXFLEET_AGENT_SHA: LOCAL_AGENT_SHA,
@@ -92,7 +116,7 @@ async function main(): Promise<void> {
   console.log(`operate it with  node --import tsx cmd/sandboxctl/main.ts --insecure -s 127.0.0.1:${GRPC_PORT} hosts   (verify, drain HOST, events -f, ...)\n`);
 
   // Status table, read straight from the state store.
-  const nc = await connectNats({ servers: nats.url, name: 'local-fleet-status', waitOnFirstConnect: true });
+  const nc = await connectNats({ servers: nats.url, name: 'local-fleet-status', waitOnFirstConnect: true, auth: { credsFile: controlPlaneCreds } });
   const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
   const hostRepo = store.repository('hosts', HostRecordSchema);
   const hbRepo = store.repository('heartbeats', HeartbeatRecordSchema);

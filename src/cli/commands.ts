@@ -1,5 +1,5 @@
 // The `sandboxctl` / `kubectl sandbox` command tree (R-I7, R-H7): hosts, groups, checkpoints,
-// drain, remove, migrate, destroy, verify, events. Each command is one AdminService call (events:
+// drain, remove, migrate, destroy, verify, events; nats-permissions (offline). Each command is one AdminService call (events:
 // one server stream) printed as a table, JSON or YAML. Exit codes: 0 success, 1 a failed call or
 // a failed verification (any mismatch), 2 a usage error. Mutating commands send a fresh
 // idempotency key unless --idempotency-key repeats one (R-I1), so a retry after a timeout is safe.
@@ -24,6 +24,7 @@ import {
   type HostVerification,
 } from '../gen/sandboxfleet/v1/admin.ts';
 import { GroupState, HostState, groupStateFromJSON, groupStateToJSON, hostStateFromJSON, hostStateToJSON, stopOutcomeToJSON, type Event, type Group } from '../gen/sandboxfleet/v1/common.ts';
+import { hostPermissions } from '../core/agent-subjects.ts';
 import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
 import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
 import { age, bytes, isoTime, OUTPUT_FORMATS, short, streamed, structured, table, type OutputFormat } from './output.ts';
@@ -297,6 +298,38 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
       });
       if (!res.ok) throw new ExitCode(1);
     }));
+
+  program.command('nats-permissions')
+    .description("a host's NATS publish/subscribe allow-lists for its own credentials (R-I2, R-R5); offline, no server needed")
+    .argument('<host>', 'host id (the Kubernetes node name in-cluster)')
+    .option('--nkey <public-key>', "the host user's nkey public key (U…) for the nats-server user entry")
+    .option('--nsc', 'print `nsc edit user` flags for an operator-mode (JWT) user instead')
+    .action((host: string, opts: { nkey?: string; nsc?: boolean }, cmd: Command) => {
+      const g = globals(cmd);
+      let perms;
+      try {
+        perms = hostPermissions(host);
+      } catch (err) {
+        throw new UsageError(`host id: ${(err as Error).message}`);
+      }
+      if (opts.nkey !== undefined && !/^U[A-Z2-7]{55}$/.test(opts.nkey)) throw new UsageError('--nkey must be an nkey user public key (U…)');
+      const q = (s: string): string => JSON.stringify(s);
+      print(g, { host, ...perms }, () => {
+        if (opts.nsc) {
+          // Single quotes: the subjects hold `$` and `>`, which a shell would expand or redirect.
+          const sq = (s: string): string => `'${s}'`;
+          const flags = [...perms.publish.map((s) => `--allow-pub ${sq(s)}`), ...perms.subscribe.map((s) => `--allow-sub ${sq(s)}`), '--allow-pub-response'];
+          return `nsc edit user --name ${sq(host)} \\\n  ${flags.join(' \\\n  ')}`;
+        }
+        return [
+          `# nats-server authorization entry of host ${host} (inside authorization { users = [ ... ] })`,
+          `{ nkey: ${q(opts.nkey ?? '<public key of the host user>')}, permissions: {`,
+          `    publish: { allow: [${perms.publish.map(q).join(', ')}] },`,
+          `    subscribe: { allow: [${perms.subscribe.map(q).join(', ')}] },`,
+          '    allow_responses: true } }',
+        ].join('\n');
+      });
+    });
 
   program.command('events')
     .description('the audit log, oldest first (R-R1); -f keeps following')

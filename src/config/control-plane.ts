@@ -27,6 +27,10 @@ export const ControlPlaneConfigSchema = z.object({
   natsUrl: z.string().trim().default(''),
   /** Where the embedded nats-server keeps JetStream data, and other local state. */
   stateDir: z.string().min(1).default('.state'),
+  /** The control plane's NATS credentials (R-R5): a `.creds` file or an nkey user seed (store/nats-auth.ts). */
+  natsCredsFile: optionalPath,
+  /** PEM CA of the NATS server certificate; set to require TLS to NATS. */
+  natsCaFile: optionalPath,
   /** Replicas for KV buckets and streams: 1 locally, 3 on a production NATS cluster. */
   storeReplicas: z.coerce.number().int().min(1).max(5).default(1),
   /** Health (/healthz, /readyz) and Prometheus (/metrics) listener. 127.0.0.1 unless exposed on purpose. */
@@ -110,6 +114,8 @@ export type ControlPlaneConfig = z.infer<typeof ControlPlaneConfigSchema>;
 export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): ControlPlaneConfig {
   const parsed = ControlPlaneConfigSchema.safeParse({
     natsUrl: env.SANDBOXFLEET_NATS_URL,
+    natsCredsFile: env.SANDBOXFLEET_NATS_CREDS,
+    natsCaFile: env.SANDBOXFLEET_NATS_CA,
     stateDir: env.SANDBOXFLEET_STATE_DIR,
     storeReplicas: env.SANDBOXFLEET_STORE_REPLICAS,
     httpHost: env.SANDBOXFLEET_HTTP_HOST,

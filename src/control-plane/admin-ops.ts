@@ -296,7 +296,7 @@ export class AdminOps {
         g === undefined || isTerminal(g) ? 'group_gone'
           : r.activityVersion !== g.lifecycle.activityVersion || r.createdAtMs < g.lifecycle.lastActivityAtMs || now - r.createdAtMs > this.ctx.config.checkpointMaxAgeMs ? 'stale_checkpoint'
             : '';
-      out.push({ record: r, manifest: await readManifest(this.ctx.chunks, r.groupId, r.checkpointId), latest: g?.latestCheckpointId === r.checkpointId, unusableReason: unusable });
+      out.push({ record: r, manifest: await readManifest(this.ctx.chunks, r.sourceHostId, r.groupId, r.checkpointId), latest: g?.latestCheckpointId === r.checkpointId, unusableReason: unusable });
     }
     return out;
   }

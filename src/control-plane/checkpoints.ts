@@ -11,10 +11,13 @@ import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
 import { toWireManifest } from '../wire/checkpoint-manifest.ts';
 import type { CheckpointRecord } from './records.ts';
 
-/** The stored manifest, or undefined when it does not exist (a checkpoint without one does not exist). */
-export async function readManifest(chunks: ChunkStore, groupId: string, checkpointId: string): Promise<CoreManifest | undefined> {
+/**
+ * The manifest `hostId` stored, or undefined when there is none (a checkpoint without one does not
+ * exist). Read under the host the control plane commanded: no other host can write there (R-R5).
+ */
+export async function readManifest(chunks: ChunkStore, hostId: string, groupId: string, checkpointId: string): Promise<CoreManifest | undefined> {
   try {
-    return await chunks.getManifest(groupId, checkpointId);
+    return await chunks.getManifest(hostId, groupId, checkpointId);
   } catch (err) {
     if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') return undefined;
     // A manifest that does not parse is as good as none, and must never be used.
@@ -47,7 +50,7 @@ export function recordFromManifest(manifest: CoreManifest, activityVersion: numb
  * Members are judged one by one so a LOST reason can name the corrupt one in the event.
  */
 export async function verifyCheckpoint(chunks: ChunkStore, record: CheckpointRecord): Promise<{ summary: CheckpointSummary; manifest?: CoreManifest }> {
-  const manifest = await readManifest(chunks, record.groupId, record.checkpointId);
+  const manifest = await readManifest(chunks, record.sourceHostId, record.groupId, record.checkpointId);
   const base = {
     checkpointId: record.checkpointId,
     groupId: record.groupId,

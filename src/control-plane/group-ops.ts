@@ -218,7 +218,7 @@ export class GroupOps {
         // A repeat after the manifest was written (e.g. the agent restarted) finds it already there.
         if (!(err instanceof AgentCommandFailed && err.reason === 'manifest_exists')) throw err;
       }
-      const manifest = await readManifest(this.ctx.chunks, groupId, checkpointId);
+      const manifest = await readManifest(this.ctx.chunks, lc.hostId, groupId, checkpointId);
       if (manifest === undefined) throw new Unavailable('host_unreachable', `checkpoint ${checkpointId} has no manifest after the agent reported it`, { details: { groupId, checkpointId } });
       record = recordFromManifest(manifest, lc.activityVersion);
       try {

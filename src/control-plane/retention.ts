@@ -28,14 +28,14 @@ export async function collectCheckpoints(ctx: ControlPlaneContext): Promise<{ de
   const keep = new Set<string>();
   const doomedDigests = new Set<string>();
   for (const e of entries) {
-    const m = await readManifest(ctx.chunks, e.value.groupId, e.value.checkpointId);
+    const m = await readManifest(ctx.chunks, e.value.sourceHostId, e.value.groupId, e.value.checkpointId);
     for (const member of m?.members ?? []) for (const c of member.layer.chunks) (doomed.has(e.value.checkpointId) ? doomedDigests : keep).add(c.digest);
   }
   const deleted: string[] = [];
   for (const e of entries) {
     if (!doomed.has(e.value.checkpointId)) continue;
     try {
-      await ctx.chunks.deleteManifest(e.value.groupId, e.value.checkpointId);
+      await ctx.chunks.deleteManifest(e.value.sourceHostId, e.value.groupId, e.value.checkpointId);
       await ctx.repos.checkpoints.delete(Keys.checkpoint(e.value.groupId, e.value.checkpointId), e.revision);
       deleted.push(e.value.checkpointId);
       await ctx.events.record({ subjectKind: 'group', subjectId: e.value.groupId, type: 'checkpoint_deleted', reason: gone.has(e.value.groupId) ? 'group_gone' : 'retention', version: e.value.checkpointId, detail: { checkpointId: e.value.checkpointId } });

@@ -42,11 +42,68 @@ export function hostIdFromSubject(subject: string): string | undefined {
   }
 }
 
-/** The publish/subscribe allow-lists of one host's NATS credentials (R-I2, R-R5). */
-export function hostPermissions(hostId: string): { publish: string[]; subscribe: string[] } {
+/** Streams of checkpoint data (store/chunk-store.ts), named here because host credentials name them. */
+export const CHECKPOINT_STREAMS = {
+  chunks: 'SF_CHUNKS',
+  manifests: 'SF_CHECKPOINTS',
+  /** One message per chunk on `sf.chunk.<sha256 hex>`: content-addressed, shared by all hosts. */
+  chunkSubjectPrefix: 'sf.chunk.',
+  /**
+   * One write-once manifest per `sf.manifest.<host>.<groupId>.<checkpointId>`, under the host that
+   * wrote it: a host's credentials may write only under its own token, so no host can plant a
+   * manifest (a checkpoint) in another host's name.
+   */
+  manifestSubjectPrefix: 'sf.manifest.',
+} as const;
+
+/** The manifest subject of a checkpoint written by `hostId` (ids are validated by the caller). */
+export function manifestSubject(hostId: string, groupId: string, checkpointId: string): string {
+  return `${CHECKPOINT_STREAMS.manifestSubjectPrefix}${token(hostId)}.${groupId}.${checkpointId}`;
+}
+
+/**
+ * The inbox prefix of a host's connections: request replies come back on `<prefix>.<nuid>`, and a
+ * host may subscribe only under its own prefix, so it cannot read replies meant for anyone else.
+ */
+export function hostInboxPrefix(hostId: string): string {
+  return `_INBOX_${token(hostId)}`;
+}
+
+/** What one host's NATS credentials allow (R-I2, R-R5): least privilege, nothing of another host. */
+export interface HostPermissions {
+  readonly publish: readonly string[];
+  readonly subscribe: readonly string[];
+  /** Replies to requests it received (commands from the control plane), and only those. */
+  readonly allowResponses: true;
+}
+
+/**
+ * The publish/subscribe allow-lists of one host's NATS credentials (R-I2, R-R5). A host may:
+ * register; publish its own heartbeats, notices and probe callbacks; add content-addressed chunks
+ * and write-once manifests under its own name, and read any of them back (direct get, stream info of those two streams only);
+ * receive its own commands and answer them. It may not touch KV state, other streams, consumers,
+ * stream administration, another host's subjects, or anyone else's inbox. What stays shared:
+ * chunks, which are content-addressed (every reader verifies every digest), so a host can add
+ * chunks but never change what a digest means.
+ */
+export function hostPermissions(hostId: string): HostPermissions {
   const id = token(hostId);
+  const { chunks, manifests, chunkSubjectPrefix, manifestSubjectPrefix } = CHECKPOINT_STREAMS;
+  const readStream = (stream: string): string[] => [`$JS.API.STREAM.INFO.${stream}`, `$JS.API.DIRECT.GET.${stream}`, `$JS.API.DIRECT.GET.${stream}.>`];
   return {
-    publish: [AgentSubjects.register, `sf.host.${id}.heartbeat`, `sf.host.${id}.notice`, `sf.probe.${id}`, '$JS.API.>', '_INBOX.>'],
-    subscribe: [`sf.host.${id}.cmd`, '_INBOX.>'],
+    publish: [
+      AgentSubjects.register,
+      `sf.host.${id}.heartbeat`,
+      `sf.host.${id}.notice`,
+      `sf.probe.${id}`,
+      `${chunkSubjectPrefix}*`,
+      `${manifestSubjectPrefix}${id}.*.*`,
+      // JetStream account info: the client checks JetStream is enabled before anything else.
+      '$JS.API.INFO',
+      ...readStream(chunks),
+      ...readStream(manifests),
+    ],
+    subscribe: [`sf.host.${id}.cmd`, `${hostInboxPrefix(hostId)}.>`],
+    allowResponses: true,
   };
 }

@@ -14,11 +14,13 @@ import type { DockerRuntime } from '../docker/runtime.ts';
 import type { Registration, RegistrationAck, ReclaimNotice } from '../gen/sandboxfleet/v1/agent.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { ChunkStore } from '../store/chunk-store.ts';
+import { workerAuth } from '../store/nats-auth.ts';
 import { attest, type Attested } from './attestation.ts';
 import { CheckpointOps } from './checkpoint-ops.ts';
 import { CommandHandler } from './command-handler.ts';
-import type { HostAgentConfig } from './config.ts';
+import { natsAuthOf, type HostAgentConfig } from './config.ts';
 import { FenceState } from './fencing.ts';
 import { GroupOps } from './group-ops.ts';
 import { Heartbeater } from './heartbeat.ts';
@@ -105,7 +107,7 @@ export class HostAgent {
     if (!existsSync(engine.dockerRootDir)) {
       throw new HostAgentError('data_root_not_visible', `the engine's data root ${engine.dockerRootDir} is not visible to the agent`);
     }
-    const store = await ChunkStore.open(nc, { replicas: config.storeReplicas });
+    const store = await this.openChunkStore();
     // Re-learn placement generations from container labels so fencing survives an agent restart.
     for (const c of await runtime.listMembers()) if (c.member) this.fence.observe(c.member.groupId, c.member.placementGeneration);
 
@@ -120,7 +122,7 @@ export class HostAgent {
       epoch: () => this.fence.epoch ?? 0,
       imageId: () => imageId,
       imageRef: config.imageRef,
-      fetchServers: config.natsUrl.split(','),
+      workerConnection: { servers: config.natsUrl.split(','), auth: workerAuth(natsAuthOf(config)) },
       bridgeVersion: () => this.attested?.provenBridgeVersion,
       nowMs: this.nowMs,
     });
@@ -155,6 +157,23 @@ export class HostAgent {
     this.heartbeater.start();
     this.log.info({ epoch: ack.hostEpoch, admitted: ack.admitted, imageId, bridge: this.attested.provenBridgeVersion }, 'host agent running');
     return ack;
+  }
+
+  /**
+   * The checkpoint streams, once they exist. The control plane creates them; an agent's credentials
+   * may not (R-R5), and an agent may well start first (DaemonSet before Deployment): wait, loudly.
+   */
+  private async openChunkStore(): Promise<ChunkStore> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await ChunkStore.open(this.deps.nc, { manage: false });
+      } catch (err) {
+        if (this.abort.signal.aborted) throw err;
+        const waitMs = Math.min(this.deps.config.registerMaxBackoffMs, 250 * 2 ** Math.min(attempt, 8));
+        this.log.warn({ err, retryInMs: waitMs }, 'checkpoint streams not available yet (the control plane creates them); retrying');
+        await sleep(waitMs, undefined, { signal: this.abort.signal }).catch(() => undefined);
+      }
+    }
   }
 
   /**

@@ -21,6 +21,7 @@ import type { ContainerInfo, DockerRuntime } from '../docker/runtime.ts';
 import type { CheckpointCommand, CheckpointManifest, RestoreCommand, RestoredMember } from '../gen/sandboxfleet/v1/agent.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
+import type { WorkerConnection } from '../store/nats-auth.ts';
 import { CommandError, failed, refused } from './command-error.ts';
 import type { GroupOps } from './group-ops.ts';
 import { LayerTransferError } from './layer/errors.ts';
@@ -42,8 +43,8 @@ export interface CheckpointOpsDeps {
   /** The live-bridge version this host proved at attestation; undefined when unproven. */
   readonly bridgeVersion: () => number | undefined;
   readonly nowMs: () => number;
-  /** NATS servers for the chunk publish/fetch worker threads (their own connections); none = inline. */
-  readonly fetchServers?: string | readonly string[];
+  /** Where the chunk publish/fetch worker threads connect (their own connections); none = inline. */
+  readonly workerConnection?: WorkerConnection | undefined;
 }
 
 export interface RestoreOutcome {
@@ -110,7 +111,7 @@ export class CheckpointOps {
       entryCounts,
     });
     // Idempotent retry: the manifest is written last, so its presence means the checkpoint is complete.
-    const existing = await store.getManifest(cmd.groupId, cmd.checkpointId).catch((err: unknown) => {
+    const existing = await store.getManifest(this.deps.hostId, cmd.groupId, cmd.checkpointId).catch((err: unknown) => {
       if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') return undefined;
       throw err;
     });
@@ -131,7 +132,7 @@ export class CheckpointOps {
       if (c.member?.cliKind !== kind) throw refused('member_mismatch', `member ${spec.memberId} runs ${c.member?.cliKind}, command says ${kind}`);
       const upper = await runtime.upperDir(c.id);
       const t0 = this.deps.nowMs();
-      const stored = await storeLayer(upper, store, this.deps.fetchServers ? { publishWorker: { servers: this.deps.fetchServers } } : {}).catch((err: unknown) => {
+      const stored = await storeLayer(upper, store, this.deps.workerConnection ? { publishWorker: this.deps.workerConnection } : {}).catch((err: unknown) => {
         throw failed(err instanceof LayerRuleError ? 'layer_refused' : 'capture_failed', `capture of member ${spec.memberId}: ${(err as Error).message}`, err);
       });
       this.deps.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.deps.nowMs() - t0) / 1000);
@@ -198,7 +199,7 @@ export class CheckpointOps {
     const fit = checkManifestCompatible(manifest, { baseImageDigest: this.deps.imageId(), bridgeVersion: bridge === undefined ? '(unproven)' : String(bridge) });
     if (!fit.ok) throw refused(fit.reason, fit.detail);
     // The manifest must be the one that makes the checkpoint exist, not a look-alike.
-    const stored = await store.getManifest(manifest.groupId, manifest.checkpointId).catch((err: unknown) => {
+    const stored = await store.getManifest(manifest.source.hostId, manifest.groupId, manifest.checkpointId).catch((err: unknown) => {
       if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') throw refused('no_checkpoint', err.message);
       if (err instanceof ManifestError) throw refused('checkpoint_corrupt', `stored manifest: ${err.message}`);
       throw err;
@@ -240,7 +241,7 @@ export class CheckpointOps {
         const upperDir = creating.then((made) => runtime.upperDir(made.id));
         upperDir.catch(() => undefined); // observed below; never an unhandled rejection meanwhile
         try {
-          await fetchLayer(m.layer, store, upperDir, this.deps.fetchServers ? { fetchWorker: { servers: this.deps.fetchServers } } : {}); // applied BEFORE any start (R-G5)
+          await fetchLayer(m.layer, store, upperDir, this.deps.workerConnection ? { fetchWorker: this.deps.workerConnection } : {}); // applied BEFORE any start (R-G5)
         } finally {
           // Settle the create before any cleanup below, so a failed fetch cannot leak the container.
           await creating.catch(() => undefined);

@@ -2,7 +2,9 @@
 // at import time. Each field says why it exists. (src/config belongs to the control plane's lead;
 // the agent keeps its own schema next to the code that uses it.)
 import { z } from 'zod';
+import { hostInboxPrefix } from '../core/agent-subjects.ts';
 import { parseHostId } from '../core/ids.ts';
+import type { NatsAuthOptions } from '../store/nats-auth.ts';
 
 const IMAGE_ID_RE = /^sha256:[0-9a-f]{64}$/;
 const command = z.array(z.string().min(1).max(4096)).min(1).max(64);
@@ -58,8 +60,10 @@ export const HostAgentConfigSchema = z
     /** Registration request timeout and the cap of its retry backoff. */
     registerTimeoutMs: z.coerce.number().int().min(100).max(60_000).default(5000),
     registerMaxBackoffMs: z.coerce.number().int().min(100).max(300_000).default(10_000),
-    /** JetStream replicas of the checkpoint chunk store (1 locally, 3 on a NATS cluster). */
-    storeReplicas: z.coerce.number().int().min(1).max(5).default(1),
+    /** This host's NATS credentials (R-I2, R-R5): a `.creds` file or an nkey user seed (store/nats-auth.ts). */
+    natsCredsFile: z.string().min(1).optional(),
+    /** PEM CA of the NATS server certificate; set to require TLS to NATS. */
+    natsCaFile: z.string().min(1).optional(),
     logLevel: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
     /** A fixed end of this host's term (spot/rental), unix ms; 0 = none. The control plane drains before it (R-H4). */
     leaseEndUnixMs: z.coerce.number().int().min(0).default(0),
@@ -110,7 +114,8 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     engineFailuresForDataLoss: env.SANDBOXFLEET_ENGINE_FAILURES_FOR_DATA_LOSS,
     reclaimNoticeFile: env.SANDBOXFLEET_RECLAIM_NOTICE_FILE,
     shutdownTimeoutMs: env.SANDBOXFLEET_SHUTDOWN_TIMEOUT_MS,
-    storeReplicas: env.SANDBOXFLEET_STORE_REPLICAS,
+    natsCredsFile: env.SANDBOXFLEET_NATS_CREDS || undefined,
+    natsCaFile: env.SANDBOXFLEET_NATS_CA || undefined,
     logLevel: env.LOG_LEVEL,
     leaseEndUnixMs: env.SANDBOXFLEET_LEASE_END_UNIX_MS,
     httpHost: env.SANDBOXFLEET_HTTP_HOST,
@@ -119,4 +124,9 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
   // Empty strings mean "unset" for env vars.
   for (const [k, v] of Object.entries(raw)) if (v === '' || v === undefined) delete raw[k];
   return parseHostAgentConfig(raw);
+}
+
+/** How this host authenticates to NATS: its credentials, CA, and its own inbox prefix (R-I2, R-R5). */
+export function natsAuthOf(config: Pick<HostAgentConfig, 'hostId' | 'natsCredsFile' | 'natsCaFile'>): NatsAuthOptions {
+  return { credsFile: config.natsCredsFile, caFile: config.natsCaFile, inboxPrefix: hostInboxPrefix(config.hostId) };
 }

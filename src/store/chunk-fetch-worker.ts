@@ -10,12 +10,15 @@ import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import type { ChunkRef } from '../core/checkpoint-manifest.ts';
 import { ChunkStoreError } from './chunk-store.ts';
+import { WORKER_AUTH_SOURCE, type WorkerAuth } from './nats-auth.ts';
 
 const require = createRequire(import.meta.url);
 
 export interface WorkerFetchOptions {
   /** NATS server URL(s) the worker connects to (the same cluster as the store's connection). */
   readonly servers: string | readonly string[];
+  /** The parent's credentials (nats-auth.ts workerAuth). */
+  readonly auth?: WorkerAuth | undefined;
   readonly stream: string;
   /** Direct gets outstanding at once. */
   readonly maxInFlight: number;
@@ -24,10 +27,11 @@ export interface WorkerFetchOptions {
   readonly timeoutMs?: number;
 }
 
-const WORKER_SOURCE = `
+const WORKER_SOURCE = `${WORKER_AUTH_SOURCE}
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
-const { connect } = require(workerData.transportPath);
+const transport = require(workerData.transportPath);
+const { connect } = transport;
 const { jetstreamManager } = require(workerData.jetstreamPath);
 const { refs, stream, maxInFlight, ahead, servers, timeoutMs } = workerData;
 let consumed = 0;
@@ -37,7 +41,7 @@ const fail = (reason, message) => parentPort.postMessage({ op: 'error', reason, 
 (async () => {
   let nc;
   try {
-    nc = await connect({ servers, name: 'sandboxfleet-chunk-fetch', timeout: timeoutMs });
+    nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-fetch', timeout: timeoutMs });
     const jsm = await jetstreamManager(nc, { timeout: timeoutMs });
     const get = (ref) => jsm.direct.getMessage(stream, { last_by_subj: 'sf.chunk.' + ref.digest.slice(7) });
     const window = [];
@@ -85,6 +89,7 @@ export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: W
       maxInFlight: options.maxInFlight,
       ahead: options.aheadChunks ?? 32,
       servers: typeof options.servers === 'string' ? options.servers : [...options.servers],
+      auth: options.auth,
       timeoutMs: options.timeoutMs ?? 10_000,
       transportPath: require.resolve('@nats-io/transport-node'),
       jetstreamPath: require.resolve('@nats-io/jetstream'),

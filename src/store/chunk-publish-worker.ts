@@ -10,12 +10,15 @@ import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import type { ChunkRef } from '../core/checkpoint-manifest.ts';
 import { ChunkStoreError, type WriterStats } from './chunk-store.ts';
+import { WORKER_AUTH_SOURCE, type WorkerAuth } from './nats-auth.ts';
 
 const require = createRequire(import.meta.url);
 
 export interface WorkerPublishOptions {
   /** NATS server URL(s) the worker connects to (the same cluster as the store's connection). */
   readonly servers: string | readonly string[];
+  /** The parent's credentials (nats-auth.ts workerAuth). */
+  readonly auth?: WorkerAuth | undefined;
   /** Publishes outstanding at once in the worker. */
   readonly maxInFlight: number;
   /** Chunks handed to the worker and not yet acknowledged (bounded memory). */
@@ -23,10 +26,11 @@ export interface WorkerPublishOptions {
   readonly timeoutMs?: number;
 }
 
-const WORKER_SOURCE = `
+const WORKER_SOURCE = `${WORKER_AUTH_SOURCE}
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
-const { connect } = require(workerData.transportPath);
+const transport = require(workerData.transportPath);
+const { connect } = transport;
 const { jetstream } = require(workerData.jetstreamPath);
 const WRONG_LAST_SEQUENCE = 10071;
 const { servers, timeoutMs, maxInFlight } = workerData;
@@ -36,7 +40,7 @@ let js = null;
 let nc = null;
 let failed = null;
 const ready = (async () => {
-  nc = await connect({ servers, name: 'sandboxfleet-chunk-publish', timeout: timeoutMs });
+  nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-publish', timeout: timeoutMs });
   js = jetstream(nc, { timeout: timeoutMs });
 })();
 ready.catch((err) => { failed = err; });
@@ -93,6 +97,7 @@ export class WorkerChunkWriter {
       name: 'sf-chunk-publish',
       workerData: {
         servers: typeof options.servers === 'string' ? options.servers : [...options.servers],
+        auth: options.auth,
         timeoutMs: options.timeoutMs ?? 10_000,
         maxInFlight: options.maxInFlight,
         transportPath: require.resolve('@nats-io/transport-node'),

@@ -20,6 +20,7 @@ import {
 } from '@nats-io/jetstream';
 import {
   MAX_CHUNK_BYTES,
+  ManifestError,
   isSafeId,
   isSha256Digest,
   parseCheckpointManifest,
@@ -27,6 +28,7 @@ import {
   type CheckpointManifest,
   type ChunkRef,
 } from '../core/checkpoint-manifest.ts';
+import { CHECKPOINT_STREAMS, manifestSubject } from '../core/agent-subjects.ts';
 import { ensureStream } from './stream-setup.ts';
 
 export type ChunkStoreErrorReason =
@@ -59,10 +61,16 @@ export interface ChunkStoreOptions {
   readonly replicas?: number;
   /** JetStream API timeout per request, ms. */
   readonly timeoutMs?: number;
+  /**
+   * Create or reconcile the streams (default true: the control plane). Host agents pass false: their
+   * credentials may read the streams' info but not administer them (R-R5), so they only check the
+   * streams exist and leave their settings to the control plane.
+   */
+  readonly manage?: boolean;
 }
 
-const CHUNK_PREFIX = 'sf.chunk.';
-const MANIFEST_PREFIX = 'sf.manifest.';
+const CHUNK_PREFIX = CHECKPOINT_STREAMS.chunkSubjectPrefix;
+const MANIFEST_PREFIX = CHECKPOINT_STREAMS.manifestSubjectPrefix;
 /** JetStream "wrong last sequence": the put-if-absent expectation failed, i.e. already stored. */
 const ERR_WRONG_LAST_SEQUENCE = 10071;
 const ONE_MIB = 1024 * 1024;
@@ -76,9 +84,13 @@ function chunkSubject(digest: string): string {
   return CHUNK_PREFIX + digest.slice('sha256:'.length);
 }
 
-function manifestSubject(groupId: string, checkpointId: string): string {
+function manifestSubjectOf(hostId: string, groupId: string, checkpointId: string): string {
   if (!isSafeId(groupId) || !isSafeId(checkpointId)) throw new ChunkStoreError('invalid_id', `unsafe group/checkpoint id ${groupId}/${checkpointId}`);
-  return `${MANIFEST_PREFIX}${groupId}.${checkpointId}`;
+  try {
+    return manifestSubject(hostId, groupId, checkpointId);
+  } catch (err) {
+    throw new ChunkStoreError('invalid_id', `unsafe host id ${hostId}`, { cause: err });
+  }
 }
 
 function isWrongLastSequence(err: unknown): boolean {
@@ -125,8 +137,18 @@ export class ChunkStore {
     const jsm = await jetstreamManager(nc, { timeout });
     const js = jetstream(nc, { timeout });
     const replicas = options.replicas ?? 1;
-    const chunkStream = options.chunkStream ?? 'SF_CHUNKS';
-    const manifestStream = options.manifestStream ?? 'SF_CHECKPOINTS';
+    const chunkStream = options.chunkStream ?? CHECKPOINT_STREAMS.chunks;
+    const manifestStream = options.manifestStream ?? CHECKPOINT_STREAMS.manifests;
+    if (options.manage === false) {
+      for (const name of [chunkStream, manifestStream]) {
+        try {
+          await jsm.streams.info(name);
+        } catch (err) {
+          throw new ChunkStoreError('transfer_failed', `stream ${name} is not available (the control plane creates it): ${(err as Error).message}`, { cause: err });
+        }
+      }
+      return new ChunkStore(js, jsm, chunkStream, manifestStream);
+    }
     const common = {
       storage: StorageType.File,
       retention: RetentionPolicy.Limits,
@@ -140,7 +162,7 @@ export class ChunkStore {
     } satisfies Partial<StreamConfig>;
     // Created-or-verified with explicit settings (stream-setup.ts refuses a drifted storage type).
     await ensureStream(jsm, { ...common, name: chunkStream, subjects: [`${CHUNK_PREFIX}*`] });
-    await ensureStream(jsm, { ...common, name: manifestStream, subjects: [`${MANIFEST_PREFIX}*.*`] });
+    await ensureStream(jsm, { ...common, name: manifestStream, subjects: [`${MANIFEST_PREFIX}*.*.*`] });
     return new ChunkStore(js, jsm, chunkStream, manifestStream);
   }
 
@@ -216,34 +238,44 @@ export class ChunkStore {
 
   // ---- manifests ---------------------------------------------------------------------------------
 
-  /** Write a manifest once; a second write of the same checkpoint id is refused. Call it LAST. */
+  /**
+   * Write a manifest once, under the host that wrote it (`manifest.source.hostId`, which per-host
+   * credentials pin to the writer); a second write of the same checkpoint is refused. Call it LAST.
+   */
   async putManifest(manifest: CheckpointManifest): Promise<void> {
     const bytes = serializeCheckpointManifest(manifest);
     try {
-      await this.js.publish(manifestSubject(manifest.groupId, manifest.checkpointId), bytes, { expect: { lastSubjectSequence: 0 } });
+      await this.js.publish(manifestSubjectOf(manifest.source.hostId, manifest.groupId, manifest.checkpointId), bytes, { expect: { lastSubjectSequence: 0 } });
     } catch (err) {
       if (isWrongLastSequence(err)) throw new ChunkStoreError('manifest_exists', `checkpoint ${manifest.groupId}/${manifest.checkpointId} already exists`, { cause: err });
       throw err;
     }
   }
 
-  /** Read and strictly parse a manifest (ManifestError on a bad one). */
-  async getManifest(groupId: string, checkpointId: string): Promise<CheckpointManifest> {
-    const msg = await this.jsm.direct.getMessage(this.manifestStream, { last_by_subj: manifestSubject(groupId, checkpointId) });
-    if (msg === null) throw new ChunkStoreError('manifest_missing', `checkpoint ${groupId}/${checkpointId} does not exist`);
-    return parseCheckpointManifest(msg.data);
+  /**
+   * Read and strictly parse the manifest `hostId` wrote (ManifestError on a bad one). One that names
+   * another source host than the one whose subject it was written under is corrupt: never used.
+   */
+  async getManifest(hostId: string, groupId: string, checkpointId: string): Promise<CheckpointManifest> {
+    const msg = await this.jsm.direct.getMessage(this.manifestStream, { last_by_subj: manifestSubjectOf(hostId, groupId, checkpointId) });
+    if (msg === null) throw new ChunkStoreError('manifest_missing', `checkpoint ${groupId}/${checkpointId} of host ${hostId} does not exist`);
+    const manifest = parseCheckpointManifest(msg.data);
+    if (manifest.source.hostId !== hostId || manifest.groupId !== groupId || manifest.checkpointId !== checkpointId) {
+      throw new ManifestError('manifest_invalid', `manifest under ${hostId}/${groupId}/${checkpointId} names ${manifest.source.hostId}/${manifest.groupId}/${manifest.checkpointId}`);
+    }
+    return manifest;
   }
 
-  /** Checkpoint ids of a group that have a manifest. */
+  /** Checkpoint ids of a group that have a manifest (written by any host). */
   async listCheckpoints(groupId: string): Promise<string[]> {
     if (!isSafeId(groupId)) throw new ChunkStoreError('invalid_id', `unsafe group id ${groupId}`);
-    const filter = `${MANIFEST_PREFIX}${groupId}.*`;
+    const filter = `${MANIFEST_PREFIX}*.${groupId}.*`;
     const info = await this.jsm.streams.info(this.manifestStream, { subjects_filter: filter });
     return Object.keys(info.state.subjects ?? {}).map((s) => s.slice(s.lastIndexOf('.') + 1)).sort();
   }
 
-  async deleteManifest(groupId: string, checkpointId: string): Promise<void> {
-    await this.jsm.streams.purge(this.manifestStream, { filter: manifestSubject(groupId, checkpointId) });
+  async deleteManifest(hostId: string, groupId: string, checkpointId: string): Promise<void> {
+    await this.jsm.streams.purge(this.manifestStream, { filter: manifestSubjectOf(hostId, groupId, checkpointId) });
   }
 }
 

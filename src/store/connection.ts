@@ -11,6 +11,7 @@ import { CheckpointObjects } from './checkpoint-objects.ts';
 import { StoreConfigMismatchError, translateReadError } from './errors.ts';
 import { DEFAULT_MAX_EVENT_BYTES, EVENTS_SUBJECT_PREFIX, EventLog } from './event-log.ts';
 import { KvRepository } from './kv-repository.ts';
+import { natsAuthConnectOptions, type NatsAuthOptions } from './nats-auth.ts';
 import { MAX_SHARDS, ShardedKvRepository, shardIndex } from './sharded-kv-repository.ts';
 import { SHARD_METADATA_KEY, ensureStream, type DesiredStream } from './stream-setup.ts';
 
@@ -27,7 +28,9 @@ export interface ConnectNatsOptions {
   readonly timeoutMs?: number;
   /** Keep retrying the very first connect (e.g. NATS starting alongside); default false. */
   readonly waitOnFirstConnect?: boolean;
-  /** Credentials / TLS for non-loopback deployments (R-R5), passed through unchanged. */
+  /** Credentials, CA and inbox prefix (R-I2, R-R5; nats-auth.ts). */
+  readonly auth?: NatsAuthOptions;
+  /** Other client options, passed through unchanged. */
   readonly extra?: Partial<NodeConnectionOptions>;
 }
 
@@ -36,6 +39,7 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsConnect
   const timeout = opts.timeoutMs ?? 5000;
   const nc = await connect({
     ...opts.extra,
+    ...(opts.auth !== undefined ? natsAuthConnectOptions(opts.auth) : {}),
     servers: typeof opts.servers === 'string' ? opts.servers : [...opts.servers],
     name: opts.name,
     maxReconnectAttempts: opts.maxReconnectAttempts ?? -1,

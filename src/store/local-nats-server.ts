@@ -50,9 +50,27 @@ export interface LocalNatsServerOptions {
   readonly startTimeoutMs?: number;
   /** How long stop() waits after SIGTERM before SIGKILL; default 10 s. */
   readonly stopTimeoutMs?: number;
+  /**
+   * Users allowed to connect (R-R5), by nkey public key, each optionally restricted to subjects.
+   * Omitted: no authentication (loopback dev and most tests).
+   */
+  readonly users?: readonly NatsServerUser[];
   /** nats-server binary; default toolPath('nats-server'). */
   readonly binary?: string;
   readonly logger?: Logger;
+}
+
+/** A user in the server's static authorization block. */
+export interface NatsServerUser {
+  /** The user's nkey public key (`U…`); its seed is the user's credential (nats-auth.ts). */
+  readonly nkey: string;
+  /** Without permissions the user may use every subject (the control plane). */
+  readonly permissions?: {
+    readonly publish: readonly string[];
+    readonly subscribe: readonly string[];
+    /** May publish replies to requests it received. */
+    readonly allowResponses?: boolean;
+  };
 }
 
 interface Ports {
@@ -223,8 +241,29 @@ export function renderConfig(i: RenderInput): string {
     `  store_dir: ${q(i.storeDir)}`,
     `  sync_interval: ${q(sync)}`,
     `}`,
+    ...(i.users === undefined ? [] : renderAuthorization(i.users)),
   ];
   return `${lines.filter(Boolean).join('\n')}\n`;
+}
+
+const NKEY_USER = /^U[A-Z2-7]{55}$/;
+
+/** `authorization { users = [...] }`: only these nkeys may connect, each with its allow-lists. */
+function renderAuthorization(users: readonly NatsServerUser[]): string[] {
+  const q = (s: string): string => JSON.stringify(s);
+  const list = (xs: readonly string[]): string => `[${xs.map(q).join(', ')}]`;
+  const lines = ['authorization {', '  users = ['];
+  for (const u of users) {
+    if (!NKEY_USER.test(u.nkey)) throw new Error(`not an nkey user public key: ${u.nkey.slice(0, 8)}…`);
+    if (u.permissions === undefined) {
+      lines.push(`    { nkey: ${q(u.nkey)} }`);
+      continue;
+    }
+    const p = u.permissions;
+    lines.push(`    { nkey: ${q(u.nkey)}, permissions: { publish: { allow: ${list(p.publish)} }, subscribe: { allow: ${list(p.subscribe)} }${p.allowResponses ? ', allow_responses: true' : ''} } }`);
+  }
+  lines.push('  ]', '}');
+  return lines;
 }
 
 /** The server writes `<exe>_<pid>.ports` once it listens: the only race-free way to learn `port: -1`. */

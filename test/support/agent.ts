@@ -12,6 +12,7 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../../src/core/agent-subjects.ts';
 import { DockerRuntime } from '../../src/docker/runtime.ts';
 import { HostAgent } from '../../src/host-agent/agent.ts';
+import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { parseHostAgentConfig, type HostAgentConfigInput } from '../../src/host-agent/config.ts';
 import {
   AgentCommand,
@@ -192,8 +193,21 @@ export interface InProcessAgent {
   stop(): Promise<void>;
 }
 
-/** A real HostAgent in this process, on its own NATS connection; resolves once registered. */
+/**
+ * The checkpoint streams an agent expects to find: in production the control plane creates them (an
+ * agent's credentials may not), here a test without a control plane needs them made for it.
+ */
+export async function ensureCheckpointStreams(nc: NatsConnection): Promise<void> {
+  await ChunkStore.open(nc);
+}
+
+/**
+ * A real HostAgent in this process, on its own NATS connection; resolves once registered. With
+ * `nc` unrestricted (no credentials) the checkpoint streams are made first, as the control plane
+ * would; an agent on per-host credentials finds them made by the control plane under test.
+ */
 export async function startAgent(nc: NatsConnection, s: AgentSetup): Promise<InProcessAgent> {
+  if (s.overrides?.natsCredsFile === undefined) await ensureCheckpointStreams(nc);
   const config = parseHostAgentConfig(configInput(s));
   const metrics = new FleetMetrics();
   const agent = new HostAgent({ config, nc, runtime: new DockerRuntime(s.host.docker), logger: silentLogger(), metrics });

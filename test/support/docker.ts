@@ -336,9 +336,14 @@ export async function startDockerHost(options: StartDockerHostOptions = {}): Pro
   };
 }
 
+/** The name startDockerHosts gives its i-th host: host-a, host-b, … */
+export function dockerHostName(i: number): string {
+  return `host-${String.fromCharCode(97 + i)}`;
+}
+
 /** Start n hosts in parallel (named host-a, host-b, …); if one fails, the others are destroyed. */
 export async function startDockerHosts(n: number): Promise<DockerHost[]> {
-  const names = Array.from({ length: n }, (_, i) => `host-${String.fromCharCode(97 + i)}`);
+  const names = Array.from({ length: n }, (_, i) => dockerHostName(i));
   const results = await Promise.allSettled(names.map((name) => startDockerHost({ name })));
   const hosts = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');

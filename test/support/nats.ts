@@ -6,12 +6,13 @@ import { join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { connectNats } from '../../src/store/connection.ts';
 import { LocalNatsServer, type LocalNatsServerOptions } from '../../src/store/local-nats-server.ts';
+import type { NatsAuthOptions } from '../../src/store/nats-auth.ts';
 
 export interface TestNats {
   readonly server: LocalNatsServer;
   readonly dir: string;
-  /** A new client connection, closed by cleanup(). */
-  connect(name?: string): Promise<NatsConnection>;
+  /** A new client connection, closed by cleanup(); `auth` when the server was started with `users`. */
+  connect(name?: string, auth?: NatsAuthOptions): Promise<NatsConnection>;
   /** Close every connection made by connect(), stop the server, delete the temp dir. */
   cleanup(): Promise<void>;
 }
@@ -23,8 +24,8 @@ export async function startTestNats(opts: Partial<Omit<LocalNatsServerOptions, '
   return {
     server,
     dir,
-    async connect(name = 'test') {
-      const nc = await connectNats({ servers: server.url, name });
+    async connect(name = 'test', auth?: NatsAuthOptions) {
+      const nc = await connectNats({ servers: server.url, name, ...(auth !== undefined ? { auth } : {}) });
       connections.push(nc);
       return nc;
     },

@@ -6,6 +6,7 @@ import { type LayerLimits } from '../../core/layer-rules.ts';
 import { DEFAULT_READ_IN_FLIGHT, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
 import { fetchChunksInWorker } from '../../store/chunk-fetch-worker.ts';
 import { WorkerChunkWriter } from '../../store/chunk-publish-worker.ts';
+import type { WorkerConnection } from '../../store/nats-auth.ts';
 import { captureLayer } from './capture.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
 import { LayerTransferError } from './errors.ts';
@@ -25,7 +26,7 @@ export interface StoreLayerOptions {
    */
   readonly offThreadHash?: boolean;
   /** Hash and publish chunks on a worker thread with its own NATS connection to `servers` (measured: bench/checkpoint). */
-  readonly publishWorker?: { readonly servers: string | readonly string[] };
+  readonly publishWorker?: WorkerConnection;
 }
 
 export interface StoredLayer {
@@ -47,7 +48,7 @@ const HASH_AHEAD = 8;
 export async function storeLayer(upperDir: string, store: ChunkStore, options: StoreLayerOptions = {}): Promise<StoredLayer> {
   const chunkerOptions = options.chunker ?? DEFAULT_CHUNKER_OPTIONS;
   if (chunkerOptions.maxSize > MAX_CHUNK_BYTES) throw new RangeError(`chunks above ${MAX_CHUNK_BYTES} bytes do not fit a NATS message`);
-  if (options.publishWorker) return storeLayerViaWorker(upperDir, chunkerOptions, options.publishWorker.servers, options);
+  if (options.publishWorker) return storeLayerViaWorker(upperDir, chunkerOptions, options.publishWorker, options);
   const offThread = options.offThreadHash ?? false;
   const chunker = new FastCdcChunker(chunkerOptions, offThread ? sharedBuffer : Buffer.allocUnsafe);
   const writer = store.writer(options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT);
@@ -95,9 +96,9 @@ export async function storeLayer(upperDir: string, store: ChunkStore, options: S
  * storeLayer with the per-chunk sha256, dedup and publishes on a worker thread (its own NATS
  * connection); this thread keeps tar parsing, chunking and the whole-layer digest.
  */
-async function storeLayerViaWorker(upperDir: string, chunkerOptions: ChunkerOptions, servers: string | readonly string[], options: StoreLayerOptions): Promise<StoredLayer> {
+async function storeLayerViaWorker(upperDir: string, chunkerOptions: ChunkerOptions, connection: WorkerConnection, options: StoreLayerOptions): Promise<StoredLayer> {
   const chunker = new FastCdcChunker(chunkerOptions);
-  const writer = new WorkerChunkWriter({ servers, maxInFlight: options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT });
+  const writer = new WorkerChunkWriter({ servers: connection.servers, auth: connection.auth, maxInFlight: options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT });
   const capture = captureLayer(upperDir, { hashLayer: true, ...(options.limits ? { limits: options.limits } : {}), ...(options.tarPath ? { tarPath: options.tarPath } : {}) });
   try {
     for await (const piece of capture.stream) {
@@ -128,7 +129,7 @@ export interface FetchLayerOptions {
    * Fetch and verify chunks on a worker thread with its own NATS connection to `servers`, so the
    * fetch overlaps parsing and extraction on this thread (measured: bench/checkpoint).
    */
-  readonly fetchWorker?: { readonly servers: string | readonly string[] };
+  readonly fetchWorker?: WorkerConnection;
 }
 
 /**
@@ -141,7 +142,7 @@ export async function fetchLayer(layer: LayerRef, store: ChunkStore, targetDir: 
   const offThread = options.offThreadHash ?? false;
   const inFlight = options.maxInFlight ?? DEFAULT_READ_IN_FLIGHT;
   const chunks = options.fetchWorker
-    ? fetchChunksInWorker(layer.chunks, { servers: options.fetchWorker.servers, stream: store.chunkStream, maxInFlight: inFlight })
+    ? fetchChunksInWorker(layer.chunks, { servers: options.fetchWorker.servers, auth: options.fetchWorker.auth, stream: store.chunkStream, maxInFlight: inFlight })
     : store.read(layer.chunks, inFlight, offThread ? { digest: digestOff, shared: true } : {});
   // Start the generator now: its first next() issues the first window of direct gets.
   const first = chunks.next();

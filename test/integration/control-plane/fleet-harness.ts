@@ -2,7 +2,14 @@
 // one sandbox image (same id everywhere), real host agents (in-process, their own NATS
 // connections) and real ControlPlane replicas over the same state store. Nothing is mocked; the
 // test drives the control plane through its RunnerBackend and operator actions.
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
+import { hostPermissions } from '../../../src/core/agent-subjects.ts';
+import { natsAuthOf } from '../../../src/host-agent/config.ts';
+import type { NatsServerUser } from '../../../src/store/local-nats-server.ts';
+import { newNkeyUser } from '../../../src/store/nats-auth.ts';
 import { ControlPlaneConfigSchema, type ControlPlaneConfig } from '../../../src/config/control-plane.ts';
 import { CONTROL_PLANE_BUCKETS, type ControlPlaneBuckets } from '../../../src/control-plane/buckets.ts';
 import { ControlPlane } from '../../../src/control-plane/control-plane.ts';
@@ -15,7 +22,7 @@ import { FleetMetrics } from '../../../src/observability/metrics.ts';
 import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { StateStore } from '../../../src/store/connection.ts';
 import { startAgent, TEST_AGENT_SHA, type InProcessAgent } from '../../support/agent.ts';
-import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
+import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../../support/docker.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
 
@@ -51,10 +58,39 @@ export interface Fleet {
   cleanup(): Promise<void>;
 }
 
-export async function startFleet(hostCount: number, configOverrides: Partial<ControlPlaneConfig> = {}): Promise<Fleet> {
-  const [nats, hosts] = await Promise.all([startTestNats(), startDockerHosts(hostCount)]);
+export interface FleetOptions {
+  /**
+   * Per-process NATS credentials (R-I2, R-R5): the server admits only the control plane's nkey
+   * (every subject) and one nkey per host limited to hostPermissions(host).
+   */
+  readonly auth?: boolean;
+}
+
+/** Nkey users and their seed files for a fleet with `auth`. */
+async function fleetCredentials(dir: string, hostIds: readonly string[]): Promise<{ users: NatsServerUser[]; controlPlane: string; hosts: Map<string, string> }> {
+  const write = async (name: string, seed: string): Promise<string> => {
+    const file = join(dir, `${name}.nk`);
+    await writeFile(file, `${seed}\n`, { mode: 0o600 });
+    return file;
+  };
+  const cp = newNkeyUser();
+  const users: NatsServerUser[] = [{ nkey: cp.publicKey }];
+  const hosts = new Map<string, string>();
+  for (const hostId of hostIds) {
+    const u = newNkeyUser();
+    hosts.set(hostId, await write(hostId, u.seed));
+    users.push({ nkey: u.publicKey, permissions: hostPermissions(hostId) });
+  }
+  return { users, controlPlane: await write('control-plane', cp.seed), hosts };
+}
+
+export async function startFleet(hostCount: number, configOverrides: Partial<ControlPlaneConfig> = {}, options: FleetOptions = {}): Promise<Fleet> {
+  const hostIds = Array.from({ length: hostCount }, (_, i) => dockerHostName(i));
+  const credsDir = options.auth ? await mkdtemp(join(tmpdir(), 'sf-creds-')) : undefined;
+  const creds = credsDir !== undefined ? await fleetCredentials(credsDir, hostIds) : undefined;
+  const [nats, hosts] = await Promise.all([startTestNats(creds !== undefined ? { users: creds.users } : {}), startDockerHosts(hostCount)]);
   const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
-  const nc = await nats.connect('control-plane');
+  const nc = await nats.connect('control-plane', creds !== undefined ? { credsFile: creds.controlPlane } : undefined);
   const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
   const chunks = await ChunkStore.open(nc);
   const config = ControlPlaneConfigSchema.parse({ ...FAST_CONFIG, allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId], ...configOverrides });
@@ -74,7 +110,10 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
       return plane;
     },
     async startAgentOn(hostId, index, overrides = {}) {
-      const agent = await startAgent(await nats.connect(hostId), { hostId, natsUrl: nats.server.url, host: hosts[index]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, ...overrides } });
+      const credsFile = creds?.hosts.get(hostId);
+      const auth = credsFile !== undefined ? natsAuthOf({ hostId, natsCredsFile: credsFile, natsCaFile: undefined }) : undefined;
+      const agentNc = await nats.connect(hostId, auth);
+      const agent = await startAgent(agentNc, { hostId, natsUrl: nats.server.url, host: hosts[index]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, ...(credsFile !== undefined ? { natsCredsFile: credsFile } : {}), ...overrides } });
       agents.set(hostId, agent);
       return agent;
     },
@@ -111,6 +150,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
       await Promise.allSettled([...agents.values()].map((a) => a.stop()));
       await nats.cleanup();
       await destroyAll(hosts);
+      if (credsDir !== undefined) await rm(credsDir, { recursive: true, force: true });
     },
   };
   return fleet;

@@ -157,7 +157,7 @@ describe('unplanned loss: host killed', () => {
     // no checkpoint: the index entry and manifest are gone (a checkpoint without a manifest does not exist).
     {
       const g = await groups.get(Keys.group(noCheckpoint));
-      await fleet.chunks.deleteManifest(noCheckpoint, g!.value.latestCheckpointId!);
+      await fleet.chunks.deleteManifest(g!.value.lifecycle.hostId, noCheckpoint, g!.value.latestCheckpointId!);
       const { latestCheckpointId: _drop, ...rest } = g!.value;
       await groups.update(Keys.group(noCheckpoint), rest, g!.revision);
     }
@@ -170,7 +170,7 @@ describe('unplanned loss: host killed', () => {
       const g = await groups.get(Keys.group(stale));
       const second = g!.value.latestCheckpointId!;
       expect(second).not.toBe(firstCheckpoint);
-      await fleet.chunks.deleteManifest(stale, second);
+      await fleet.chunks.deleteManifest(g!.value.lifecycle.hostId, stale, second);
       const rec = await checkpoints.get(Keys.checkpoint(stale, second));
       await checkpoints.delete(Keys.checkpoint(stale, second), rec!.revision);
       await groups.update(Keys.group(stale), { ...g!.value, latestCheckpointId: firstCheckpoint }, g!.revision);
@@ -178,7 +178,7 @@ describe('unplanned loss: host killed', () => {
     // corrupt: one chunk of its layer is replaced by other bytes under the same digest subject.
     const corruptCheckpoint = (await fleet.group(corrupt)).latestCheckpointId!;
     {
-      const manifest = await fleet.chunks.getManifest(corrupt, corruptCheckpoint);
+      const manifest = await fleet.chunks.getManifest((await fleet.group(corrupt)).lifecycle.hostId, corrupt, corruptCheckpoint);
       const chunk = manifest.members[0]!.layer.chunks[0]!;
       await fleet.chunks.delete(chunk.digest);
       await fleet.store.js.publish(`sf.chunk.${chunk.digest.slice(7)}`, new TextEncoder().encode('not the layer you are looking for'));

@@ -287,7 +287,8 @@ describe('helm template with the production values', () => {
     expect(env(cp).get('SANDBOXFLEET_NATS_CA')?.value).toBe('/etc/sandboxfleet/nats-ca/ca.crt');
 
     const agent = container(find(objects, 'DaemonSet', `${FULLNAME}-host-agent`).spec.template.spec);
-    expect(env(agent).get('SANDBOXFLEET_STORE_REPLICAS')?.value).toBe('3');
+    // Agents administer no stream (R-R5): replicas are the control plane's setting only.
+    expect(env(agent).has('SANDBOXFLEET_STORE_REPLICAS')).toBe(false);
     expect(env(agent).get('SANDBOXFLEET_NATS_CREDS')?.value).toBe('/etc/sandboxfleet/nats-creds/host.creds');
     expect(env(agent).get('SANDBOXFLEET_IMAGE_ID')?.value).toBe('sha256:' + '3'.repeat(64));
     expect(objects.some((o) => o.kind === 'PrometheusRule')).toBe(true);

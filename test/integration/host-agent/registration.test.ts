@@ -14,6 +14,7 @@ import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
 import {
   TEST_AGENT_SHA,
+  ensureCheckpointStreams,
   heartbeats,
   notices,
   probeResponder,
@@ -149,6 +150,7 @@ describe('going away (R-H5)', () => {
     const hb = heartbeats(nc, 'reg-proc');
     const n = notices(nc, 'reg-proc');
     const registered = responder.next('reg-proc');
+    await ensureCheckpointStreams(nc);
     const child = spawnAgent({ hostId: 'reg-proc', natsUrl: nats!.server.url, host: host!, imageRef: good.reference });
     try {
       const reg = await registered;

@@ -10,8 +10,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pack } from 'tar-stream';
+import { jetstream } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
-import type { CheckpointManifest, LayerRef } from '../../../src/core/checkpoint-manifest.ts';
+import { serializeCheckpointManifest, type CheckpointManifest, type LayerRef } from '../../../src/core/checkpoint-manifest.ts';
 import { LayerRuleError } from '../../../src/core/layer-rules.ts';
 import { LayerTransferError } from '../../../src/host-agent/layer/errors.ts';
 import { fetchLayer, storeLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
@@ -155,7 +156,13 @@ describe('layer checkpoint through the chunk store', () => {
     await expect(store.putManifest(manifestFor('g1', 'cp1', stored.layer))).rejects.toMatchObject({ reason: 'manifest_exists' });
     expect(await store.listCheckpoints('g1')).toEqual(['cp1']);
 
-    const manifest = await store.getManifest('g1', 'cp1');
+    const manifest = await store.getManifest('host-a', 'g1', 'cp1');
+    // A manifest lives under the host that wrote it: not found under another host's name, and one
+    // that names another source than its subject's host is refused as invalid, never used.
+    await expect(store.getManifest('host-b', 'g1', 'cp1')).rejects.toMatchObject({ reason: 'manifest_missing' });
+    const forged = await jetstream(nc).publish('sf.manifest.host-a.g1.cp-forged', serializeCheckpointManifest({ ...manifestFor('g1', 'cp-forged', stored.layer), source: { hostId: 'host-b', epoch: 1 } }));
+    expect(forged.seq).toBeGreaterThan(0);
+    await expect(store.getManifest('host-a', 'g1', 'cp-forged')).rejects.toMatchObject({ name: 'ManifestError', reason: 'manifest_invalid' });
     const target = join(work, 'restored-a');
     const restored = await fetchLayer(manifest.members[0]!.layer, store, target);
     expect(restored.entries).toBe(stored.entries);
