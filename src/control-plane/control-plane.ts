@@ -22,7 +22,7 @@ import { LeaderElector } from './leader.ts';
 import { LivenessLoop } from './liveness-loop.ts';
 import { MigrationController, type StepHook } from './migration-controller.ts';
 import { LeadershipRecordSchema } from './records.ts';
-import { collectCheckpoints } from './retention.ts';
+import { ManifestDigestCache, collectCheckpoints } from './retention.ts';
 import { ControlPlaneRunnerBackend } from './runner-backend.ts';
 import { ProbeResponder } from './reverse-probe.ts';
 import { openRepositories, type ControlPlaneContext } from './state.ts';
@@ -60,6 +60,8 @@ export class ControlPlane {
   #running: Promise<void> | undefined;
   #stopped = false;
   #passes = 0;
+  /** Parsed manifests' chunk digests, kept across GC passes (manifests are write-once). */
+  readonly #manifestDigests = new ManifestDigestCache();
 
   constructor(private readonly opts: ControlPlaneOptions) {
     const now = opts.now ?? Date.now;
@@ -129,7 +131,7 @@ export class ControlPlane {
     }
     if (this.#passes++ % 30 === 0) {
       try {
-        await collectCheckpoints(this.ctx);
+        await collectCheckpoints(this.ctx, this.#manifestDigests);
       } catch (err) {
         this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
       }

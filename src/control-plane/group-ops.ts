@@ -21,6 +21,7 @@ import { CasConflictError } from '../store/errors.ts';
 import type { Versioned } from '../store/kv-repository.ts';
 import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
 import { readManifest, recordFromManifest } from './checkpoints.ts';
+import { ChunkGcLocks } from './chunk-gc-locks.ts';
 import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
@@ -192,51 +193,66 @@ export class GroupOps {
     if (record === undefined) {
       const t0 = this.ctx.now();
       const target = await this.target(lc.hostId, lc.generation);
-      const stop = g.lastCleanStop;
+      // Chunk sweeps wait while this checkpoint may rely on stored chunks no manifest names yet.
+      const locks = new ChunkGcLocks(this.ctx);
+      await locks.beginCheckpoint(checkpointId, t0 + this.ctx.config.agentCommandTimeoutMs);
       try {
-        await this.ctx.agents.send(target, `checkpoint-${checkpointId}`, {
-          $case: 'checkpoint',
-          value: {
-            groupId,
-            checkpointId,
-            members: g.members.map((m) => ({ memberId: m.session.memberId, kind: cliKindToProto(m.session.cli), savedLocator: m.session.savedLocator ?? '', nativeSessionPaths: [] })),
-            cleanStop: {
-              clean: true,
-              noTurnInFlight: true,
-              graceMs: stop?.graceMs ?? 0,
-              stoppedAtUnixMs: stop?.stoppedAtMs ?? lc.lastActivityAtMs,
-              members: (stop?.members ?? []).map((s) => ({
-                memberId: s.memberId, exitCode: s.exitCode, exitedByItself: true, signal: 'SIGTERM', withinGrace: true, containerPresent: true,
-                writableLayerPresent: true, stopDurationMs: s.stopDurationMs, sigtermAtUnixMs: s.sigtermAtMs, exitedAtUnixMs: s.exitedAtMs, killed: false, turnInFlight: false,
-              })),
-            },
-            activityVersion: lc.activityVersion,
-            lastCompletedTurnId: '',
-          },
-        }, 'checkpoint');
-      } catch (err) {
-        // A repeat after the manifest was written (e.g. the agent restarted) finds it already there.
-        if (!(err instanceof AgentCommandFailed && err.reason === 'manifest_exists')) throw err;
+        record = await this.#takeCheckpoint(g, target, checkpointId, key, t0);
+      } finally {
+        await locks.endCheckpoint(checkpointId).catch((err: unknown) => this.ctx.logger.warn({ checkpointId, err }, 'releasing the checkpoint GC lock failed; it expires at its deadline'));
       }
-      const manifest = await readManifest(this.ctx.chunks, lc.hostId, groupId, checkpointId);
-      if (manifest === undefined) throw new Unavailable('host_unreachable', `checkpoint ${checkpointId} has no manifest after the agent reported it`, { details: { groupId, checkpointId } });
-      record = recordFromManifest(manifest, lc.activityVersion);
-      try {
-        await this.ctx.repos.checkpoints.create(key, record);
-      } catch (err) {
-        if (!(err instanceof CasConflictError)) throw err;
-      }
-      this.ctx.metrics.checkpointBytes.inc({ kind: 'layer' }, record.totalBytes);
-      this.ctx.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.ctx.now() - t0) / 1000);
-      await this.ctx.events.record({
-        subjectKind: 'group', subjectId: groupId, type: 'checkpoint_created', reason: 'clean stop', version: checkpointId,
-        detail: { checkpointId, bytes: record.totalBytes, generation: lc.generation, activityVersion: lc.activityVersion, hostId: lc.hostId },
-      });
     }
     await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
       if (current === undefined || current.latestCheckpointId === checkpointId) return undefined;
       if (current.lifecycle.generation !== lc.generation || current.lifecycle.activityVersion !== lc.activityVersion) return undefined;
       return { ...current, latestCheckpointId: checkpointId, updatedAtMs: this.ctx.now() };
+    });
+    return record;
+  }
+
+  /** Command the agent to capture the group's layers, then index the manifest it wrote (R-G3). */
+  async #takeCheckpoint(g: GroupRecord, target: AgentTarget, checkpointId: string, key: string, t0: number): Promise<CheckpointRecord> {
+    const groupId = g.groupId;
+    const lc = g.lifecycle;
+    const stop = g.lastCleanStop;
+    try {
+      await this.ctx.agents.send(target, `checkpoint-${checkpointId}`, {
+        $case: 'checkpoint',
+        value: {
+          groupId,
+          checkpointId,
+          members: g.members.map((m) => ({ memberId: m.session.memberId, kind: cliKindToProto(m.session.cli), savedLocator: m.session.savedLocator ?? '', nativeSessionPaths: [] })),
+          cleanStop: {
+            clean: true,
+            noTurnInFlight: true,
+            graceMs: stop?.graceMs ?? 0,
+            stoppedAtUnixMs: stop?.stoppedAtMs ?? lc.lastActivityAtMs,
+            members: (stop?.members ?? []).map((s) => ({
+              memberId: s.memberId, exitCode: s.exitCode, exitedByItself: true, signal: 'SIGTERM', withinGrace: true, containerPresent: true,
+              writableLayerPresent: true, stopDurationMs: s.stopDurationMs, sigtermAtUnixMs: s.sigtermAtMs, exitedAtUnixMs: s.exitedAtMs, killed: false, turnInFlight: false,
+            })),
+          },
+          activityVersion: lc.activityVersion,
+          lastCompletedTurnId: '',
+        },
+      }, 'checkpoint');
+    } catch (err) {
+      // A repeat after the manifest was written (e.g. the agent restarted) finds it already there.
+      if (!(err instanceof AgentCommandFailed && err.reason === 'manifest_exists')) throw err;
+    }
+    const manifest = await readManifest(this.ctx.chunks, lc.hostId, groupId, checkpointId);
+    if (manifest === undefined) throw new Unavailable('host_unreachable', `checkpoint ${checkpointId} has no manifest after the agent reported it`, { details: { groupId, checkpointId } });
+    const record = recordFromManifest(manifest, lc.activityVersion);
+    try {
+      await this.ctx.repos.checkpoints.create(key, record);
+    } catch (err) {
+      if (!(err instanceof CasConflictError)) throw err;
+    }
+    this.ctx.metrics.checkpointBytes.inc({ kind: 'layer' }, record.totalBytes);
+    this.ctx.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.ctx.now() - t0) / 1000);
+    await this.ctx.events.record({
+      subjectKind: 'group', subjectId: groupId, type: 'checkpoint_created', reason: 'clean stop', version: checkpointId,
+      detail: { checkpointId, bytes: record.totalBytes, generation: lc.generation, activityVersion: lc.activityVersion, hostId: lc.hostId },
     });
     return record;
   }

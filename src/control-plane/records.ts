@@ -229,6 +229,10 @@ export type CheckpointRecord = z.infer<typeof CheckpointRecordSchema>;
 export const ConversationRecordSchema = z.object({ conversationId: z.string().max(128), groupId: id, createdAtMs: ms });
 export type ConversationRecord = z.infer<typeof ConversationRecordSchema>;
 
+/** A lock of chunk-gc-locks.ts: who holds it and until when (a lock past its deadline is free). */
+export const GcLockRecordSchema = z.object({ holder: z.string().max(128), deadlineMs: ms });
+export type GcLockRecord = z.infer<typeof GcLockRecordSchema>;
+
 /** The first answer to an idempotency key (R-I1): a repeat returns it; another request is refused. */
 export const IdempotencyRecordSchema = z.object({
   operation: z.string().max(32),

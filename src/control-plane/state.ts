@@ -14,12 +14,14 @@ import type { EventRecorder } from './events.ts';
 import {
   CheckpointRecordSchema,
   ConversationRecordSchema,
+  GcLockRecordSchema,
   GroupRecordSchema,
   HeartbeatRecordSchema,
   HostRecordSchema,
   IdempotencyRecordSchema,
   type CheckpointRecord,
   type ConversationRecord,
+  type GcLockRecord,
   type GroupRecord,
   type HeartbeatRecord,
   type HostRecord,
@@ -33,6 +35,7 @@ export interface Repositories {
   readonly checkpoints: KvRepository<CheckpointRecord>;
   readonly conversations: KvRepository<ConversationRecord>;
   readonly idempotency: KvRepository<IdempotencyRecord>;
+  readonly gcLocks: KvRepository<GcLockRecord>;
 }
 
 export function openRepositories(store: StateStore<ControlPlaneBuckets>): Repositories {
@@ -43,6 +46,7 @@ export function openRepositories(store: StateStore<ControlPlaneBuckets>): Reposi
     checkpoints: store.repository('checkpoints', CheckpointRecordSchema),
     conversations: store.repository('conversations', ConversationRecordSchema),
     idempotency: store.repository('idempotency', IdempotencyRecordSchema),
+    gcLocks: store.repository('gcLocks', GcLockRecordSchema),
   };
 }
 

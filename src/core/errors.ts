@@ -55,7 +55,7 @@ export type NotFoundReason =
   | 'turn_not_found';
 
 /** Reasons a retry later may succeed. */
-export type UnavailableReason = 'store_unavailable' | 'host_unreachable' | 'container_missing' | 'observer_stalled';
+export type UnavailableReason = 'store_unavailable' | 'host_unreachable' | 'container_missing' | 'observer_stalled' | 'gc_in_progress';
 
 export type NoCapacityReason = 'no_capacity' | 'no_eligible_host';
 

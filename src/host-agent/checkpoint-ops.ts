@@ -69,7 +69,7 @@ function sameManifest(a: CoreManifest, b: CoreManifest): boolean {
 export class CheckpointOps {
   constructor(private readonly deps: CheckpointOpsDeps) {}
 
-  async checkpoint(cmd: CheckpointCommand, generation: number): Promise<CheckpointManifest> {
+  async checkpoint(cmd: CheckpointCommand, generation: number, deadlineUnixMs = 0): Promise<CheckpointManifest> {
     const { runtime, store } = this.deps;
     const cs = cmd.cleanStop;
     if (cs === undefined) throw refused('unclean_stop', 'checkpoint command carries no clean-stop evidence');
@@ -166,6 +166,10 @@ export class CheckpointOps {
       baseImageDigest: this.deps.imageId(),
       bridgeVersion: String(bridge),
     };
+    // No manifest after the command's deadline: the control plane has given up on this checkpoint by
+    // then, and its chunk garbage collection relies on no checkpoint appearing after its deadline
+    // (control-plane/chunk-gc-locks.ts). The chunks already stored are swept like any unreferenced ones.
+    if (deadlineUnixMs > 0 && this.deps.nowMs() > deadlineUnixMs) throw refused('deadline_exceeded', 'the checkpoint finished after its command deadline; no manifest written');
     try {
       await store.putManifest(manifest); // LAST (R-G3)
     } catch (err) {

@@ -135,7 +135,7 @@ export class CommandHandler {
       }
       case 'checkpoint': {
         const t0 = deps.nowMs();
-        const manifest = await deps.checkpoints.checkpoint(c.value, gen);
+        const manifest = await deps.checkpoints.checkpoint(c.value, gen, cmd.deadlineUnixMs);
         return { payload: { $case: 'checkpoint', value: { manifest, durationMs: deps.nowMs() - t0 } } };
       }
       case 'restore': {

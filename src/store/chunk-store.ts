@@ -274,6 +274,18 @@ export class ChunkStore {
     return Object.keys(info.state.subjects ?? {}).map((s) => s.slice(s.lastIndexOf('.') + 1)).sort();
   }
 
+  /** Every stored manifest's place (host, group, checkpoint), indexed by the control plane or not. */
+  async listManifests(): Promise<{ hostId: string; groupId: string; checkpointId: string }[]> {
+    const info = await this.jsm.streams.info(this.manifestStream, { subjects_filter: `${MANIFEST_PREFIX}>` });
+    const out: { hostId: string; groupId: string; checkpointId: string }[] = [];
+    for (const subject of Object.keys(info.state.subjects ?? {})) {
+      const [host, groupId, checkpointId, extra] = subject.slice(MANIFEST_PREFIX.length).split('.');
+      if (host === undefined || groupId === undefined || checkpointId === undefined || extra !== undefined) continue;
+      out.push({ hostId: host.replaceAll('~', '.'), groupId, checkpointId });
+    }
+    return out;
+  }
+
   async deleteManifest(hostId: string, groupId: string, checkpointId: string): Promise<void> {
     await this.jsm.streams.purge(this.manifestStream, { filter: manifestSubjectOf(hostId, groupId, checkpointId) });
   }

@@ -66,6 +66,9 @@ describe('turn hot path', () => {
     const counts0 = backend.beginEvidenceCounts;
     const r0 = await revision(groupId);
     for (let i = 0; i < 5; i++) {
+      // A heartbeat at most ~400 ms old (evidence counts within 2 intervals = 1 s): on a loaded
+      // machine a late beat would rightly send the begin to the agent instead.
+      await heartbeatAfter(Date.now() - 400);
       const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
       expect(begun.contextState).toBe('LIVE');
       await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-hot', evidence: SUCCESS });
