@@ -131,7 +131,8 @@ export class ControlPlane {
     }
     if (this.#passes++ % 30 === 0) {
       try {
-        await collectCheckpoints(this.ctx, this.#manifestDigests);
+        // Every tenth pass also sweeps chunks of checkpoints that never wrote a manifest.
+        await collectCheckpoints(this.ctx, this.#manifestDigests, { fullSweep: this.#passes % 300 === 1 });
       } catch (err) {
         this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
       }

@@ -55,7 +55,16 @@ export class ManifestDigestCache {
   }
 }
 
-export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new ManifestDigestCache()): Promise<CollectResult> {
+export interface CollectOptions {
+  /**
+   * Also delete every chunk no stored manifest references: the uploads of checkpoints that never
+   * wrote a manifest (failed, deadline passed, agent crashed). Lists every chunk, so the leader
+   * does it less often than the retention pass.
+   */
+  readonly fullSweep?: boolean;
+}
+
+export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new ManifestDigestCache(), options: CollectOptions = {}): Promise<CollectResult> {
   const groups = (await listGroups(ctx)).map((e) => e.value);
   const { entries } = await ctx.repos.checkpoints.list();
   const byGroup = new Map(groups.map((g) => [g.groupId, g]));
@@ -70,7 +79,7 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
     if (g.lifecycle.migration !== undefined) pinned.add(g.lifecycle.migration.checkpointId);
   }
   const doomed = new Set(selectCheckpointsToDelete(entries.map((e) => ({ checkpointId: e.value.checkpointId, groupId: e.value.groupId, createdAtMs: e.value.createdAtMs, valid: true })), ctx.config.checkpointKeep, gone, pinned));
-  if (doomed.size === 0) return { deleted: [], sweptChunks: 0, deferred: false };
+  if (doomed.size === 0 && options.fullSweep !== true) return { deleted: [], sweptChunks: 0, deferred: false };
 
   const result = await new ChunkGcLocks(ctx).trySweep(SWEEP_BUDGET_MS, async (inTime) => {
     // Under the lock: no checkpoint can start relying on a chunk until we are done.
@@ -99,10 +108,20 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
         ctx.logger.warn({ checkpointId, ...describeError(err) }, 'checkpoint deletion failed; retried next pass');
       }
     }
+    if (options.fullSweep === true) {
+      // Still under the lock, every chunk a manifest does not name is garbage: no checkpoint that
+      // could come to rely on it is in progress. `referenced` holds every kept manifest's chunks.
+      for (const d of await ctx.chunks.listChunkDigests()) {
+        if (referenced.has(d)) continue;
+        if (!inTime()) break;
+        await ctx.chunks.delete(d);
+        sweptChunks += 1;
+      }
+    }
     return { deleted, sweptChunks };
   });
   if (result === undefined) {
-    ctx.logger.info({ doomed: doomed.size }, 'checkpoint GC deferred: a checkpoint is in progress');
+    ctx.logger.info({ doomed: doomed.size, fullSweep: options.fullSweep === true }, 'checkpoint GC deferred: a checkpoint is in progress');
     return { deleted: [], sweptChunks: 0, deferred: true };
   }
   if (result.deleted.length > 0 || result.sweptChunks > 0) ctx.logger.info(result, 'checkpoint GC');

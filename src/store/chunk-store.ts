@@ -274,6 +274,12 @@ export class ChunkStore {
     return Object.keys(info.state.subjects ?? {}).map((s) => s.slice(s.lastIndexOf('.') + 1)).sort();
   }
 
+  /** Digests of every stored chunk (for the garbage collector's full sweep). */
+  async listChunkDigests(): Promise<string[]> {
+    const info = await this.jsm.streams.info(this.chunkStream, { subjects_filter: `${CHUNK_PREFIX}*` });
+    return Object.keys(info.state.subjects ?? {}).map((s) => `sha256:${s.slice(CHUNK_PREFIX.length)}`);
+  }
+
   /** Every stored manifest's place (host, group, checkpoint), indexed by the control plane or not. */
   async listManifests(): Promise<{ hostId: string; groupId: string; checkpointId: string }[]> {
     const info = await this.jsm.streams.info(this.manifestStream, { subjects_filter: `${MANIFEST_PREFIX}>` });

@@ -1,7 +1,8 @@
 // Checkpoint retention and chunk garbage collection (R-G7) with a real control plane, NATS, dockerd
 // host and agent, and its exclusion from checkpoints in progress (control-plane/chunk-gc-locks.ts):
 // - with keep = 1, older checkpoints go: their unshared chunks, manifest and index record; every
-//   chunk the kept checkpoint references stays and it still verifies digest by digest;
+//   chunk the kept checkpoint references stays and it still verifies digest by digest; a full
+//   sweep also removes chunks no manifest names (uploads of checkpoints that never finished);
 // - a checkpoint in progress defers the whole pass (nothing deleted), and a sweep in progress makes
 //   a checkpoint wait (`gc_in_progress`), never both at once — also under a storm of concurrent
 //   attempts against the real KV bucket.
@@ -121,6 +122,20 @@ describe('checkpoint garbage collection', () => {
     expect(await sweeping).toBe('swept');
     await locks.beginCheckpoint('c-during-sweep', Date.now() + 60_000);
     await locks.endCheckpoint('c-during-sweep');
+  });
+
+  it('a full sweep deletes the chunks of checkpoints that never wrote a manifest, and nothing else', async () => {
+    // What a failed checkpoint leaves: uploaded chunks, no manifest.
+    const orphans = await Promise.all([1, 2, 3].map(async (i) => (await fleet.chunks.put(new TextEncoder().encode(`orphan ${i} ${Date.now()}`))).ref.digest));
+    const g = await fleet.group(groupId);
+    const kept = await digestsOf(g.latestCheckpointId!, groupId);
+    const before = await chunkCount();
+    // The retention pass alone (nothing doomed) leaves them; the full sweep does not.
+    expect(await collectCheckpoints(plane.ctx)).toEqual({ deleted: [], sweptChunks: 0, deferred: false });
+    expect(await collectCheckpoints(plane.ctx, undefined, { fullSweep: true })).toEqual({ deleted: [], sweptChunks: 3, deferred: false });
+    expect(await chunkCount()).toBe(before - 3);
+    for (const d of orphans) expect(await fleet.chunks.has(d)).toBe(false);
+    for (const d of kept) expect(await fleet.chunks.has(d)).toBe(true);
   });
 
   it('never lets a sweep and a checkpoint proceed at once, under concurrent attempts', async () => {
