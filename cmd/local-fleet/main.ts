@@ -1,7 +1,8 @@
 // `npm start`: the local fleet (R-I8) in one command — an embedded nats-server, three real dockerd
 // "hosts" (own data roots; no bridge, no iptables), one sandbox image loaded into all of them (same
-// image id), a host agent per host and the control plane, each as its own process, plus a terminal
-// status table of hosts and groups refreshed every few seconds. Ctrl-C stops everything.
+// image id), a host agent per host and the control plane, each as its own process, plus a status
+// page (http://127.0.0.1:8090/, SANDBOXFLEET_STATUS_PORT) and a terminal table of hosts and groups
+// refreshed every few seconds (status.ts). Ctrl-C stops everything.
 // Docker hosts and the image come from test/support (the shared implementation of "a local dockerd
 // host" and "the sandbox image", as agreed for cmd/local-fleet); they run dockerd with the safe flags.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -11,12 +12,13 @@ import { join, resolve } from 'node:path';
 import { CONTROL_PLANE_BUCKETS } from '../../src/control-plane/buckets.ts';
 import { GroupRecordSchema, HeartbeatRecordSchema, HostRecordSchema } from '../../src/control-plane/records.ts';
 import { createLogger } from '../../src/observability/logger.ts';
-import { connectNats, StateStore } from '../../src/store/connection.ts';
+import { connectNats, DEFAULT_EVENT_STREAM, StateStore } from '../../src/store/connection.ts';
 import { LocalNatsServer, type NatsServerUser } from '../../src/store/local-nats-server.ts';
 import { newNkeyUser } from '../../src/store/nats-auth.ts';
 import { hostPermissions } from '../../src/core/agent-subjects.ts';
 import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
+import { renderStatusTable, startStatusServer, type StatusSnapshot } from './status.ts';
 
 const HOSTS = Number(process.env.SANDBOXFLEET_LOCAL_HOSTS ?? 3);
 /** The control plane's gRPC port (runner + admin services). */
@@ -65,6 +67,9 @@ async function main(): Promise<void> {
   };
   process.once('SIGINT', () => void shutdown(0));
   process.once('SIGTERM', () => void shutdown(0));
+  // A failure anywhere below stops what was started (engines, processes, NATS) instead of
+  // leaving them running behind a dead launcher.
+  stopEverything = shutdown;
 
   console.log(`nats-server      ${nats.url}`);
   console.log(`docker hosts     starting ${HOSTS} dockerd engines (this takes a few seconds)…`);
@@ -121,27 +126,24 @@ async function main(): Promise<void> {
   const hostRepo = store.repository('hosts', HostRecordSchema);
   const hbRepo = store.repository('heartbeats', HeartbeatRecordSchema);
   const groupRepo = store.shardedRepository('groups', GroupRecordSchema);
-  const show = async () => {
-    const [hs, hbs, gs] = await Promise.all([hostRepo.list(), hbRepo.list(), groupRepo.list()]);
-    const now = Date.now();
-    const lines = ['HOST        STATE        EPOCH  HEARTBEAT  GROUPS  ATTESTATION'];
-    for (const { value: h } of hs.entries) {
-      const hb = hbs.entries.find((e) => e.value.hostId === h.hostId)?.value;
-      const age = hb && hb.epoch === h.lifecycle.epoch ? `${((now - hb.receivedAtMs) / 1000).toFixed(1)}s` : '-';
-      const groups = gs.entries.filter((g) => g.value.lifecycle.hostId === h.hostId && !['LOST', 'DESTROYED'].includes(g.value.lifecycle.state)).length;
-      const att = h.attestation.mismatches.length === 0 ? 'ok' : h.attestation.mismatches.join('; ').slice(0, 60);
-      lines.push(`${h.hostId.padEnd(12)}${h.lifecycle.state.padEnd(13)}${String(h.lifecycle.epoch).padEnd(7)}${age.padEnd(11)}${String(groups).padEnd(8)}${att}`);
-    }
-    const byState = new Map<string, number>();
-    for (const { value: g } of gs.entries) byState.set(g.lifecycle.state, (byState.get(g.lifecycle.state) ?? 0) + 1);
-    lines.push(`groups: ${[...byState].map(([s, n]) => `${s}=${n}`).join(' ') || 'none'}    (${new Date(now).toISOString()})`);
-    console.log(lines.join('\n') + '\n');
+  const snapshot = async (): Promise<StatusSnapshot> => {
+    const [hs, hbs, gs, info] = await Promise.all([hostRepo.list(), hbRepo.list(), groupRepo.list(), store.jsm.streams.info(DEFAULT_EVENT_STREAM.stream)]);
+    const last = info.state.last_seq;
+    const events = last === 0 ? [] : (await store.events.read({ fromSeq: Math.max(1, last - 19), limit: 20 })).events;
+    return { nowMs: Date.now(), hosts: hs.entries.map((e) => e.value), heartbeats: hbs.entries.map((e) => e.value), groups: gs.entries.map((e) => e.value), events };
   };
+  const show = async () => console.log(renderStatusTable(await snapshot()));
+  const page = await startStatusServer(Number(process.env.SANDBOXFLEET_STATUS_PORT ?? 8090), snapshot);
+  console.log(`status page      ${page.url}   (hosts, groups and the latest events, live)\n`);
   const timer = setInterval(() => void show().catch((err: unknown) => logger.warn({ err }, 'status read failed')), Number(process.env.SANDBOXFLEET_STATUS_INTERVAL_MS ?? 5000));
   process.once('beforeExit', () => clearInterval(timer));
 }
 
+/** Set once NATS runs: stops every process and engine started so far, then exits. */
+let stopEverything: ((code: number) => Promise<void>) | undefined;
+
 main().catch((err: unknown) => {
   console.error(err);
-  process.exit(1);
+  if (stopEverything !== undefined) void stopEverything(1);
+  else process.exit(1);
 });

@@ -1,0 +1,33 @@
+// `npm run demo` (with `npm start` running): give the local fleet something to move. Opens a few
+// conversations through the runner SDK, reports one successful turn in each (no model runs: the
+// turn-end evidence is what a detector would produce), and stops every other group cleanly so it
+// is checkpointed. Then drain a host and watch the status page: stopped groups are restored
+// elsewhere, running ones are stopped cleanly, checkpointed and moved; the next turn of each is
+// RESTORED.
+//   node --import tsx examples/local-demo.ts [--groups 6] [--address 127.0.0.1:7443]
+import { parseArgs } from 'node:util';
+import { RunnerClient, WireTurnEndKind } from '../src/runner-sdk/index.ts';
+
+const { values } = parseArgs({ options: { groups: { type: 'string', default: '6' }, address: { type: 'string', default: '127.0.0.1:7443' } } });
+const fleet = new RunnerClient({ address: values.address, insecureLocalDev: true });
+// What a turn-end detector reports for a native turn that ended with success (R-S5).
+const evidence = { kind: WireTurnEndKind.RESULT, nativeTurnEnded: true, succeeded: true, cleanupFinished: true, transportUsable: true, locatorUsable: true, processExited: false, exitConfirmed: false, nativeTurnId: '', errorMessage: '' };
+const count = Number(values.groups);
+try {
+  for (let i = 1; i <= count; i++) {
+    const conversationId = `demo-${i}`;
+    const { group } = await fleet.openGroup({ conversationId, members: [{ memberId: 'claude', cli: 'claude-code' }] });
+    const groupId = group!.groupId;
+    const turn = await fleet.beginTurn({ groupId, memberId: 'claude' });
+    await fleet.completeTurn({ groupId, memberId: 'claude', turnId: turn.turnId, observedLocator: `session-${i}`, evidence });
+    let note = 'running';
+    if (i % 2 === 0) {
+      const stopped = await fleet.stopGroup({ groupId });
+      note = stopped.checkpointId ? `stopped cleanly, checkpoint ${stopped.checkpointId}` : 'stopped';
+    }
+    console.log(`${conversationId}  ${groupId}  on ${turn.hostId}  (${note})`);
+  }
+  console.log('\nnow: sandboxctl --insecure -s 127.0.0.1:7443 drain <host>   and watch http://127.0.0.1:8090/');
+} finally {
+  fleet.close();
+}
