@@ -22,6 +22,8 @@
 //
 //   node --import tsx bench/turns/run.ts [--seconds 5] [--rounds 3] [--fsync both|always|interval] [--profile DIR]
 // --profile writes a V8 CPU profile of the first c64 window (this process only) to DIR.
+// For hot-path work without gRPC in the way: bench/turns/backend.ts drives the runner backend
+// directly at c64 and prints pairs/s and CPU per pair of this process and of nats-server.
 import * as grpc from '@grpc/grpc-js';
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
