@@ -295,21 +295,14 @@ function keys(s: Scenario, suffix: string): Record<string, unknown> {
   const m = medianRound(s);
   const c64 = m.c64;
   const out: Record<string, unknown> = {
-    pairs_per_s_c1: s.levels[1].pairsPerS,
-    pairs_per_s_c8: s.levels[8].pairsPerS,
-    pairs_per_s_c64: c64.pairsPerS,
-    p50_ms_c1: s.levels[1].p50Ms,
-    p99_ms_c1: s.levels[1].p99Ms,
-    p50_ms_c8: s.levels[8].p50Ms,
-    p99_ms_c8: s.levels[8].p99Ms,
-    p50_ms_c64: c64.p50Ms,
-    p99_ms_c64: c64.p99Ms,
-    call_p50_ms_c1: s.levels[1].callP50Ms,
-    call_p99_ms_c1: s.levels[1].callP99Ms,
-    call_p50_ms_c8: s.levels[8].callP50Ms,
-    call_p99_ms_c8: s.levels[8].callP99Ms,
-    call_p50_ms_c64: c64.callP50Ms,
-    call_p99_ms_c64: c64.callP99Ms,
+    // Per level: pairs/s, pair latency and call latency (c64 from the median round).
+    ...Object.fromEntries(([[1, s.levels[1]], [8, s.levels[8]], [64, c64]] as const).flatMap(([c, l]) => [
+      [`pairs_per_s_c${c}`, l.pairsPerS],
+      [`p50_ms_c${c}`, l.p50Ms],
+      [`p99_ms_c${c}`, l.p99Ms],
+      [`call_p50_ms_c${c}`, l.callP50Ms],
+      [`call_p99_ms_c${c}`, l.callP99Ms],
+    ])),
     echo_pairs_per_s_c64: median(s.rounds.map((r) => r.echo.pairsPerS)),
     echo_p99_ms_c64: m.echo.p99Ms,
     echo_call_p99_ms_c64: m.echo.callP99Ms,
