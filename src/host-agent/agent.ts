@@ -153,6 +153,9 @@ export class HostAgent {
 
     const ack = await this.registerOnce(groups);
     this.subscribe();
+    // Running means commands reach us: the server has the subscription once the flush returns (the
+    // control plane may send the first command right after the registration it just answered).
+    await nc.flush();
     this.stateValue = 'RUNNING';
     this.heartbeater.start();
     this.log.info({ epoch: ack.hostEpoch, admitted: ack.admitted, imageId, bridge: this.attested.provenBridgeVersion }, 'host agent running');
