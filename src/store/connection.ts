@@ -2,7 +2,7 @@
 // stream and the checkpoint object bucket with EXPLICIT settings (file storage, replicas,
 // history, value bounds, discard policy) and creates-or-verifies them at startup (SPEC §1
 // "State"; R3 in production, R1 locally). Services get typed repositories from it.
-import { jetstream, jetstreamManager, DiscardPolicy, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
+import { jetstream, jetstreamManager, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
 import { connect, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
 import type { z } from 'zod';
@@ -311,6 +311,20 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
       jsm = await jetstreamManager(nc, { timeout });
     } catch (err) {
       throw translateReadError(err, 'JetStream API');
+    }
+    // A sharded bucket whose unsharded stream exists holds data from a build that did not shard
+    // it: opening the shards would silently hide every one of those keys.
+    for (const spec of Object.values(buckets)) {
+      if (spec.shards === undefined) continue;
+      const legacy = `KV_${spec.bucket}`;
+      const exists = await jsm.streams.info(legacy).then(
+        () => true,
+        (err: unknown) => {
+          if (err instanceof JetStreamApiError && err.code === 10059) return false;
+          throw translateReadError(err, `stream ${legacy}`);
+        },
+      );
+      if (exists) throw new StoreConfigMismatchError(`bucket ${spec.bucket} exists unsharded (stream ${legacy}); this build keeps it in ${spec.shards} shards ${spec.bucket}_0..${spec.shards - 1}: move its keys over or remove it`);
     }
     for (const d of desired) await ensureStream(jsm, d, logger);
 

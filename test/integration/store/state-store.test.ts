@@ -95,6 +95,12 @@ describe('StateStore.open', () => {
     const plain = await StateStore.open(nc, { buckets: { s: { ...spec, bucket: 'sharded_t_0', shards: undefined } } }).catch((e: unknown) => e);
     expect(plain).toBeInstanceOf(StoreConfigMismatchError);
     expect(() => store.repository('s', z.object({ n: z.number() }))).toThrow(/sharded/);
+    // Data of a build that kept the bucket unsharded is never hidden behind new empty shards.
+    const legacySpec: KvBucketSpec = { ...spec, bucket: 'legacy_t', shards: undefined };
+    await StateStore.open(nc, { buckets: { s: legacySpec } });
+    const refused = await StateStore.open(nc, { buckets: { s: { ...legacySpec, shards: 4 } } }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(StoreConfigMismatchError);
+    expect((refused as Error).message).toMatch(/legacy_t exists unsharded/);
   });
 
   it('repairs drifted mutable settings (e.g. history, value bound) with a stream update', async () => {
