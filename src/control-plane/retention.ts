@@ -79,7 +79,10 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
     if (g.lifecycle.migration !== undefined) pinned.add(g.lifecycle.migration.checkpointId);
   }
   const doomed = new Set(selectCheckpointsToDelete(entries.map((e) => ({ checkpointId: e.value.checkpointId, groupId: e.value.groupId, createdAtMs: e.value.createdAtMs, valid: true })), ctx.config.checkpointKeep, gone, pinned));
-  if (doomed.size === 0 && options.fullSweep !== true) return { deleted: [], sweptChunks: 0, deferred: false };
+  if (doomed.size === 0 && options.fullSweep !== true) {
+    ctx.metrics.gcPasses.inc({ result: 'idle' });
+    return { deleted: [], sweptChunks: 0, deferred: false };
+  }
 
   const result = await new ChunkGcLocks(ctx).trySweep(SWEEP_BUDGET_MS, async (inTime) => {
     // Under the lock: no checkpoint can start relying on a chunk until we are done.
@@ -121,9 +124,13 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
     return { deleted, sweptChunks };
   });
   if (result === undefined) {
+    ctx.metrics.gcPasses.inc({ result: 'deferred' });
     ctx.logger.info({ doomed: doomed.size, fullSweep: options.fullSweep === true }, 'checkpoint GC deferred: a checkpoint is in progress');
     return { deleted: [], sweptChunks: 0, deferred: true };
   }
+  ctx.metrics.gcPasses.inc({ result: 'swept' });
+  ctx.metrics.gcDeleted.inc({ kind: 'checkpoint' }, result.deleted.length);
+  ctx.metrics.gcDeleted.inc({ kind: 'chunk' }, result.sweptChunks);
   if (result.deleted.length > 0 || result.sweptChunks > 0) ctx.logger.info(result, 'checkpoint GC');
   return { ...result, deferred: false };
 }

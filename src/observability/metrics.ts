@@ -23,6 +23,10 @@ export class FleetMetrics {
   readonly locatorMismatches: Counter<'phase'>;
   readonly fencedReports: Counter<'kind'>;
   readonly casConflicts: Counter<'bucket'>;
+  /** Checkpoint GC passes by result (swept, deferred: a checkpoint was in progress, idle: nothing due). */
+  readonly gcPasses: Counter<'result'>;
+  /** What GC deleted: checkpoints (manifest + index) and chunks. */
+  readonly gcDeleted: Counter<'kind'>;
 
   constructor(registry: Registry = new Registry(), options: { defaultMetrics?: boolean } = {}) {
     this.registry = registry;
@@ -42,12 +46,15 @@ export class FleetMetrics {
     this.migrationDuration = new Histogram({ name: 'sandboxfleet_migration_duration_seconds', help: 'Group migration duration', labelNames: ['result'], buckets: [0.5, 1, 2.5, 5, 10, 30, 60, 120, 300], registers });
     this.locatorMismatches = new Counter({ name: 'sandboxfleet_locator_mismatches_total', help: 'Locator mismatches refused, by phase (begin/end)', labelNames: ['phase'], registers });
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
+    this.gcPasses = new Counter({ name: 'sandboxfleet_checkpoint_gc_passes_total', help: 'Checkpoint GC passes, by result (swept, deferred while a checkpoint was in progress, idle)', labelNames: ['result'], registers });
+    this.gcDeleted = new Counter({ name: 'sandboxfleet_checkpoint_gc_deleted_total', help: 'Checkpoints and chunks deleted by checkpoint GC', labelNames: ['kind'], registers });
     this.casConflicts = new Counter({ name: 'sandboxfleet_state_cas_conflicts_total', help: 'Compare-and-set conflicts on state writes, by bucket', labelNames: ['bucket'], registers });
     // Alerts use increase(); a labelled series that first appears at 1 shows no increase, so the
     // first LOST (or refusal) of a reason after a restart would never page. Export every known
     // reason at 0 from the start.
     for (const reason of LOSS_REASONS) this.lostSessions.inc({ reason }, 0);
     for (const reason of ATTESTATION_REASONS) this.attestationRefusals.inc({ reason }, 0);
+    for (const result of ['swept', 'deferred', 'idle']) this.gcPasses.inc({ result }, 0);
   }
 
   /** A host left the fleet: drop its heartbeat-age series so the missing-heartbeat alert stops. */

@@ -38,6 +38,11 @@ async function chunkCount(): Promise<number> {
   return (await fleet.store.jsm.streams.info(fleet.chunks.chunkStream)).state.messages;
 }
 
+async function metric(name: string, labels: Record<string, string>): Promise<number> {
+  const values = (await plane.ctx.metrics.registry.getSingleMetric(name)?.get())?.values ?? [];
+  return values.filter((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x)).reduce((a, v) => a + v.value, 0);
+}
+
 async function digestsOf(checkpointId: string, groupId: string): Promise<Set<string>> {
   const m = await fleet.chunks.getManifest('host-a', groupId, checkpointId);
   return new Set(m.members.flatMap((x) => x.layer.chunks.map((c) => c.digest)));
@@ -68,8 +73,10 @@ describe('checkpoint garbage collection', () => {
     expect(unshared.size, 'f1 was removed: its chunks are in no newer layer').toBeGreaterThan(0);
     const before = await chunkCount();
 
+    const deletedChunks0 = await metric('sandboxfleet_checkpoint_gc_deleted_total', { kind: 'chunk' });
     const result = await collectCheckpoints(plane.ctx);
     expect(result).toMatchObject({ deferred: false, sweptChunks: unshared.size });
+    expect((await metric('sandboxfleet_checkpoint_gc_deleted_total', { kind: 'chunk' })) - deletedChunks0).toBe(unshared.size);
     expect(result.deleted.sort()).toEqual([c1, c2].sort());
     expect(await chunkCount()).toBe(before - unshared.size);
     for (const d of unshared) expect(await fleet.chunks.has(d)).toBe(false);
@@ -98,7 +105,9 @@ describe('checkpoint garbage collection', () => {
     const locks = new ChunkGcLocks(plane.ctx);
     await locks.beginCheckpoint('c-in-progress', Date.now() + 60_000);
     const before = await chunkCount();
+    const deferred0 = await metric('sandboxfleet_checkpoint_gc_passes_total', { result: 'deferred' });
     expect(await collectCheckpoints(plane.ctx)).toEqual({ deleted: [], sweptChunks: 0, deferred: true });
+    expect(await metric('sandboxfleet_checkpoint_gc_passes_total', { result: 'deferred' })).toBe(deferred0 + 1);
     expect(await chunkCount()).toBe(before);
     expect(await fleet.chunks.getManifest('host-a', groupId, checkpoints[2]!)).toBeDefined();
     await locks.endCheckpoint('c-in-progress');

@@ -247,7 +247,7 @@ describe('helm template with alerts and ServiceMonitor enabled', () => {
     const source = parse(await readFile(ALERTS, 'utf8')) as Obj;
     expect(rule.spec.groups).toEqual(source.groups);
     const alerts = (rule.spec.groups as Obj[]).flatMap((g) => (g.rules as Obj[]).map((r) => r.alert as string));
-    expect(alerts).toEqual(expect.arrayContaining(['SandboxFleetSessionsLost', 'SandboxFleetHostsUnattested', 'SandboxFleetCheckpointStale', 'SandboxFleetHeartbeatMissing']));
+    expect(alerts).toEqual(expect.arrayContaining(['SandboxFleetSessionsLost', 'SandboxFleetHostsUnattested', 'SandboxFleetCheckpointStale', 'SandboxFleetHeartbeatMissing', 'SandboxFleetCheckpointGcStarved']));
     for (const r of (rule.spec.groups as Obj[]).flatMap((g) => g.rules as Obj[])) {
       expect(Object.keys(r.annotations).sort()).toEqual(['description', 'runbook', 'summary']);
       expect(['critical', 'warning']).toContain(r.labels.severity);
@@ -366,7 +366,7 @@ describe('alert rules under promtool', () => {
   it('are a valid rule file', async () => {
     const r = await run(promtool, ['check', 'rules', ALERTS]);
     expect(r.code, r.stdout + r.stderr).toBe(0);
-    expect(r.stdout).toContain('SUCCESS: 6 rules found');
+    expect(r.stdout).toContain('SUCCESS: 7 rules found');
   });
 
   it('use only metric names of the R-I3 catalogue', async () => {
