@@ -4,9 +4,9 @@
 // the new checkpoint's manifest pointing at nothing, found only at restore time, when the group is
 // then LOST. So the two exclude each other, restic-style, through compare-and-set keys in one KV
 // bucket (one stream: its writes are totally ordered):
-// - a checkpoint holds a shared lock `ckpt.<id>` from before its command is sent until its manifest
+// - a checkpoint holds a shared lock `ckpt.<id>.<replica>` from before its command is sent until its manifest
 //   is indexed or the command failed; taking it = write the key, THEN look for `sweep`;
-// - a sweep holds the exclusive lock `sweep`; taking it = create the key, THEN look for `ckpt.*`.
+// - a sweep holds the exclusive lock `sweep`; taking it = create the key, THEN look for `ckpt.>`.
 // Whichever writes second sees the other and backs off, so they never both proceed. Locks end at
 // their deadline, so a crashed holder blocks nobody for long: a checkpoint's deadline is its agent
 // command's (the agent writes no manifest after it), a sweep stops deleting before its own.
@@ -15,7 +15,8 @@ import { CasConflictError } from '../store/errors.ts';
 import type { ControlPlaneContext } from './state.ts';
 
 const SWEEP_KEY = 'sweep';
-const sharedKey = (checkpointId: string): string => `ckpt.${checkpointId}`;
+/** One shared lock per checkpoint AND holder: two replicas repeating one checkpoint never release each other's. */
+const sharedKey = (checkpointId: string, holder: string): string => `ckpt.${checkpointId}.${holder.replaceAll('.', '=')}`;
 /** Clocks of the control-plane replicas and hosts may disagree by this much. */
 export const CLOCK_SKEW_MS = 5_000;
 
@@ -28,7 +29,7 @@ export class ChunkGcLocks {
    */
   async beginCheckpoint(checkpointId: string, deadlineMs: number): Promise<void> {
     const repo = this.ctx.repos.gcLocks;
-    await repo.mutate(sharedKey(checkpointId), () => ({ holder: this.ctx.replicaId, deadlineMs: deadlineMs + CLOCK_SKEW_MS }));
+    await repo.mutate(sharedKey(checkpointId, this.ctx.replicaId), () => ({ holder: this.ctx.replicaId, deadlineMs: deadlineMs + CLOCK_SKEW_MS }));
     const sweep = await repo.get(SWEEP_KEY);
     if (sweep !== undefined && sweep.value.deadlineMs > this.ctx.now()) {
       await this.endCheckpoint(checkpointId);
@@ -39,9 +40,10 @@ export class ChunkGcLocks {
   /** The checkpoint is indexed, or failed: its chunks are referenced by a manifest or free to sweep. */
   async endCheckpoint(checkpointId: string): Promise<void> {
     const repo = this.ctx.repos.gcLocks;
-    const cur = await repo.get(sharedKey(checkpointId));
+    const key = sharedKey(checkpointId, this.ctx.replicaId);
+    const cur = await repo.get(key);
     if (cur === undefined) return;
-    await repo.delete(sharedKey(checkpointId), cur.revision).catch((err: unknown) => {
+    await repo.delete(key, cur.revision).catch((err: unknown) => {
       if (!(err instanceof CasConflictError)) throw err;
     });
   }
@@ -66,7 +68,7 @@ export class ChunkGcLocks {
       throw err;
     }
     try {
-      const { entries } = await repo.list({ filter: 'ckpt.*' });
+      const { entries } = await repo.list({ filter: 'ckpt.>' });
       if (entries.some((e) => e.value.deadlineMs > this.ctx.now())) return undefined;
       // Stop a little before the deadline: a checkpoint may start the moment the lock expires.
       return await sweep(() => this.ctx.now() < deadlineMs - CLOCK_SKEW_MS);
