@@ -35,11 +35,16 @@ function rng(seed: number): () => number {
 
 class Killed extends Error {}
 
+// Every schedule leaves its group behind (stopped, on its final host): with the default 64 members
+// per host, the two hosts a drain may move to are full after 128 schedules, and a group then rightly
+// waits for room until its evacuation deadline. The soak runs 200.
+const ROOMY = { maxMembers: 1000 };
+
 beforeAll(async () => {
   fleet = await startFleet(3);
   // A replica that only serves registrations/heartbeats; leaders below are driven by hand.
   registry = await fleet.startPlane({ replicaId: 'registry', autoReconcile: false });
-  await Promise.all(HOSTS.map((h, i) => fleet.startAgentOn(h, i)));
+  await Promise.all(HOSTS.map((h, i) => fleet.startAgentOn(h, i, ROOMY)));
   for (const h of HOSTS) await fleet.waitFor(`${h} READY`, async () => ((await fleet.host(h)).lifecycle.state === 'READY' ? true : undefined));
 });
 
@@ -72,7 +77,7 @@ describe('leader killed during a migration', () => {
       for (const [i, h] of HOSTS.entries()) {
         if ((await fleet.host(h)).lifecycle.state !== 'READY') {
           await fleet.stopAgent(h);
-          await fleet.startAgentOn(h, i);
+          await fleet.startAgentOn(h, i, ROOMY);
           await fleet.waitFor(`${h} READY`, async () => ((await fleet.host(h)).lifecycle.state === 'READY' ? true : undefined));
         }
       }
@@ -117,7 +122,13 @@ describe('leader killed during a migration', () => {
         final = await settled(groupId, source);
       }
       await leaderB.stop();
-      expect(final, `schedule ${s} (kill at ${killedAt}) did not finish`).toBeDefined();
+      if (final === undefined) {
+        // Say where it stuck: the group as stored and its last events.
+        const g = await fleet.group(groupId);
+        const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: groupId, limit: 50 });
+        const trail = events.slice(-8).map((e) => `${e.event.type}${e.event.reason ? `(${e.event.reason})` : ''}`).join(' > ');
+        expect.fail(`schedule ${s} (kill at ${killedAt}) did not finish: ${g.lifecycle.state} on ${g.lifecycle.hostId}, evacuation ${JSON.stringify(g.evacuation)}; events: ${trail}`);
+      }
       if (final!.lifecycle.state === 'LOST') expect(final!.lifecycle.lostReason).toBeDefined();
       else expect(final!.lifecycle.generation).toBe(2);
       outcomes.push(`${s}:${killedAt}:${final!.lifecycle.state}`);
@@ -126,7 +137,7 @@ describe('leader killed during a migration', () => {
       await fleet.waitFor('source removed', async () => ((await fleet.host(source)).lifecycle.state === 'REMOVED' ? true : undefined), 30_000);
       const idx = HOSTS.indexOf(source);
       await fleet.stopAgent(source);
-      await fleet.startAgentOn(source, idx);
+      await fleet.startAgentOn(source, idx, ROOMY);
       await fleet.waitFor('source orphans deleted', async () => ((await containersOf(groupId)).every((c) => c.host === final!.lifecycle.hostId) ? true : undefined), 30_000);
     }
     // Most schedules must end with the group moved; LOST is allowed only with a reason (above).
@@ -168,7 +179,7 @@ describe('control-plane process killed during a migration', () => {
     for (const [i, h] of HOSTS.entries()) {
       if ((await fleet.host(h)).lifecycle.state !== 'READY') {
         await fleet.stopAgent(h);
-        await fleet.startAgentOn(h, i);
+        await fleet.startAgentOn(h, i, ROOMY);
         await fleet.waitFor(`${h} READY`, async () => ((await fleet.host(h)).lifecycle.state === 'READY' ? true : undefined));
       }
     }
