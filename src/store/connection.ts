@@ -4,7 +4,8 @@
 // "State"; R3 in production, R1 locally). Services get typed repositories from it.
 import { jetstream, jetstreamManager, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
-import { connect, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
+import type { NatsConnection, NodeConnectionOptions } from '@nats-io/transport-node';
+import { connectCoalescing } from './coalescing-transport.ts';
 import type { z } from 'zod';
 import type { Logger } from '../observability/logger.ts';
 import { CheckpointObjects } from './checkpoint-objects.ts';
@@ -37,7 +38,7 @@ export interface ConnectNatsOptions {
 /** Connect to NATS; connection status changes are logged. The caller owns (and closes) it. */
 export async function connectNats(opts: ConnectNatsOptions): Promise<NatsConnection> {
   const timeout = opts.timeoutMs ?? 5000;
-  const nc = await connect({
+  const nc = await connectCoalescing({
     ...opts.extra,
     ...(opts.auth !== undefined ? natsAuthConnectOptions(opts.auth) : {}),
     servers: typeof opts.servers === 'string' ? opts.servers : [...opts.servers],
