@@ -161,6 +161,8 @@ export class MigrationController {
         record = await this.#ops.checkpoint(g.groupId);
       } catch (err) {
         this.ctx.logger.warn({ groupId: g.groupId, ...describeError(err) }, 'checkpoint on departing host failed');
+        // The agent found a member's native session missing from its layer: no retry can bring it back.
+        if (err instanceof AgentCommandFailed && err.reason === 'session_files_missing') return this.#lose(g, 'session_files_missing', err.message);
         return now > ev.deadlineMs ? this.#lose(g, 'no_checkpoint', 'no checkpoint could be taken before the deadline') : 'waiting';
       }
       await this.hook('after_checkpoint', g.groupId);

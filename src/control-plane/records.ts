@@ -86,7 +86,7 @@ const stopVerdict = z.union([
 
 export const LossReasonSchema = z.enum([
   'host_lost_running', 'unclean_stop', 'no_checkpoint', 'checkpoint_mismatch', 'stale_checkpoint', 'checkpoint_corrupt',
-  'base_image_mismatch', 'bridge_version_mismatch', 'restore_failed', 'no_eligible_host', 'container_missing', 'operator_declared',
+  'base_image_mismatch', 'bridge_version_mismatch', 'restore_failed', 'no_eligible_host', 'container_missing', 'session_files_missing', 'operator_declared',
 ]);
 
 export const GroupLifecycleSchema = z.object({

@@ -18,6 +18,8 @@ export type LossReason =
   | 'no_eligible_host'
   /** The group's containers vanished on their own host. */
   | 'container_missing'
+  /** A member's native session file is not in its writable layer: no checkpoint can restore it (R-G3). */
+  | 'session_files_missing'
   /** An operator declared the group lost. */
   | 'operator_declared';
 
@@ -34,6 +36,7 @@ export const LOSS_REASONS = [
   'restore_failed',
   'no_eligible_host',
   'container_missing',
+  'session_files_missing',
   'operator_declared',
 ] as const satisfies readonly LossReason[];
 // Compile-time check that the list is complete: fails if a LossReason is missing above.

@@ -125,6 +125,7 @@ export class HostAgent {
       workerConnection: { servers: config.natsUrl.split(','), auth: workerAuth(natsAuthOf(config)) },
       bridgeVersion: () => this.attested?.provenBridgeVersion,
       nowMs: this.nowMs,
+      logger: this.log,
     });
     this.handler = new CommandHandler({
       nc,

@@ -19,6 +19,7 @@ import {
 import { LayerRuleError } from '../core/layer-rules.ts';
 import type { ContainerInfo, DockerRuntime } from '../docker/runtime.ts';
 import type { CheckpointCommand, CheckpointManifest, RestoreCommand, RestoredMember } from '../gen/sandboxfleet/v1/agent.ts';
+import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
 import type { WorkerConnection } from '../store/nats-auth.ts';
@@ -28,6 +29,9 @@ import { LayerTransferError } from './layer/errors.ts';
 import { fetchLayer, storeLayer } from './layer/layer-transfer.ts';
 import { CHECKPOINT_MANIFEST_SCHEMA_VERSION, coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
+import { discoverSessionFiles } from './session-discovery.ts';
+import { NATIVE_SESSION_LAYOUTS, SESSION_HOMES } from '../core/native-session-layout.ts';
+import type { CliKind } from '../core/turn-end-evidence.ts';
 import { isoToMs } from './wire.ts';
 import { cliKindName } from '../wire/cli-kind.ts';
 
@@ -45,6 +49,7 @@ export interface CheckpointOpsDeps {
   readonly nowMs: () => number;
   /** Where the chunk publish/fetch worker threads connect (their own connections); none = inline. */
   readonly workerConnection?: WorkerConnection | undefined;
+  readonly logger?: Logger | undefined;
 }
 
 export interface RestoreOutcome {
@@ -125,11 +130,20 @@ export class CheckpointOps {
     const started = this.deps.nowMs();
     const members: CheckpointMember[] = [];
     const entryCounts = new Map<string, number>();
+    // Verify before emitting (R-G3 "freeze → verify → emit"): every member's native session is in
+    // its layer, found by its CLI's layout and proven to carry the saved locator; otherwise the
+    // checkpoint could never restore the session, so none is made.
+    const sessionPaths = new Map<string, string[]>();
     for (const spec of cmd.members) {
       const c = containers.get(spec.memberId)!;
       const kind = cliKindName(spec.kind);
       if (kind === undefined) throw refused('invalid_argument', `member ${spec.memberId}: unknown CLI kind ${spec.kind}`);
       if (c.member?.cliKind !== kind) throw refused('member_mismatch', `member ${spec.memberId} runs ${c.member?.cliKind}, command says ${kind}`);
+      sessionPaths.set(spec.memberId, await this.#sessionFiles(spec.memberId, kind.replaceAll('-', '_') as CliKind, spec.savedLocator, spec.nativeSessionPaths, await runtime.upperDir(c.id)));
+    }
+    for (const spec of cmd.members) {
+      const c = containers.get(spec.memberId)!;
+      const kind = cliKindName(spec.kind)!;
       const upper = await runtime.upperDir(c.id);
       const t0 = this.deps.nowMs();
       const stored = await storeLayer(upper, store, this.deps.workerConnection ? { publishWorker: this.deps.workerConnection } : {}).catch((err: unknown) => {
@@ -143,7 +157,7 @@ export class CheckpointOps {
         memberId: spec.memberId,
         cliKind: kind,
         savedLocator: spec.savedLocator === '' ? null : spec.savedLocator,
-        nativeSessionPaths: [...spec.nativeSessionPaths],
+        nativeSessionPaths: sessionPaths.get(spec.memberId) ?? [],
         layer: stored.layer,
       });
     }
@@ -185,6 +199,33 @@ export class CheckpointOps {
     if (c.running || c.status === 'restarting' || c.status === 'paused') throw refused('group_running', `member ${memberId} is ${c.status}`);
     const startedAt = isoToMs(c.startedAt);
     if (startedAt !== undefined && startedAt > stoppedAtMs) throw refused('state_changed', `member ${memberId} was started after the clean stop`);
+  }
+
+  /**
+   * A member's native session files for the manifest: those the command names plus those its CLI's
+   * layout finds in the layer, each proven to exist (regular file, no symlink) and to carry the saved
+   * locator. A member without a saved locator has no session yet. Refused `session_files_missing`
+   * when a proof fails, or when a verified layout finds nothing (core/native-session-layout.ts).
+   */
+  async #sessionFiles(memberId: string, kind: CliKind, savedLocator: string, named: readonly string[], upper: string): Promise<string[]> {
+    // No saved locator: the member never completed a turn, so there is no session to find (named
+    // files must still exist).
+    const locator = savedLocator === '' ? null : savedLocator;
+    const found = locator === null ? [] : await discoverSessionFiles(upper, kind, locator);
+    const paths = [...new Set([...named, ...found])].sort();
+    if (locator !== null && paths.length === 0) {
+      const layout = NATIVE_SESSION_LAYOUTS[kind];
+      if (layout.enforced) {
+        throw refused('session_files_missing', `member ${memberId}: no ${kind} session file for locator ${locator} under ${SESSION_HOMES.join(', ')} (${layout.root}) in its writable layer`);
+      }
+      this.deps.logger?.warn({ memberId, cli: kind }, 'no native session file found for an unverified CLI layout; the checkpoint cannot prove this session');
+      return [];
+    }
+    const problems = await proveSessionFiles(upper, paths, locator);
+    if (problems.length > 0) {
+      throw refused('session_files_missing', `member ${memberId}: ${problems.map((p) => `${p.path} ${p.problem}`).join(', ')}`.slice(0, 1024));
+    }
+    return paths;
   }
 
   async restore(cmd: RestoreCommand, generation: number): Promise<RestoreOutcome> {

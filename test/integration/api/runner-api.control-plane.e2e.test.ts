@@ -56,6 +56,8 @@ describe('runner API end to end against the control plane', () => {
     const t1 = await runner.beginTurn({ groupId, memberId: 'm1' });
     expect(t1.contextState).toBe(ContextState.NEW);
     expect(t1.hostId).toBe('host-a');
+    // The e2e runner acts as the CLI too: it writes the native session file the checkpoint must find.
+    await fleet.writeSession(t1.hostId, t1.containerId, 'sess-e2e-1');
     const c1 = await runner.completeTurn({ groupId, memberId: 'm1', turnId: t1.turnId, observedLocator: 'sess-e2e-1', evidence: SUCCESS });
     expect(c1).toMatchObject({ sessionKept: true, savedLocator: 'sess-e2e-1' });
 
@@ -83,6 +85,7 @@ describe('runner API end to end against the control plane', () => {
     groupId = opened.group?.groupId ?? '';
     const t1 = await runner.beginTurn({ groupId, memberId: 'm1' });
     expect(t1).toMatchObject({ contextState: ContextState.NEW, hostId: 'host-a' });
+    await fleet.writeSession(t1.hostId, t1.containerId, 'sess-e2e-1');
     await runner.completeTurn({ groupId, memberId: 'm1', turnId: t1.turnId, observedLocator: 'sess-e2e-1', evidence: SUCCESS });
     await fleet.startAgentOn('host-b', 1);
     await fleet.waitFor('host-b READY', async () => ((await fleet.host('host-b')).lifecycle.state === 'READY' ? true : undefined));

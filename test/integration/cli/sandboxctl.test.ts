@@ -41,6 +41,7 @@ function sandboxctl(...args: string[]): Promise<Run> {
 async function openStoppedGroup(conversationId: string, locator: string): Promise<string> {
   const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: 'claude_code' }] });
   const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1' });
+  await fleet.writeSession(begun.hostId, begun.containerId, locator);
   await plane.runner.completeTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: locator, evidence: SUCCESS });
   const stopped = await plane.runner.stopGroup({ idempotencyKey: key(), groupId: group.groupId });
   expect(stopped.group.stopClean).toBe(true);

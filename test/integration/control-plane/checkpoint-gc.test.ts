@@ -58,6 +58,7 @@ describe('checkpoint garbage collection', () => {
     // Three generations of the layer: a file added each time, the first one removed before the last.
     for (const step of ['add-1', 'add-2', 'drop-1-add-3']) {
       const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+      await fleet.writeSession(begun.hostId, begun.containerId, 'sess-gc');
       await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-gc', evidence: SUCCESS });
       const scripts: Record<string, string> = { 'add-1': 'head -c 600000 /dev/urandom > /tmp/f1', 'add-2': 'head -c 600000 /dev/urandom > /tmp/f2', 'drop-1-add-3': 'rm /tmp/f1 && head -c 600000 /dev/urandom > /tmp/f3' };
       const script = scripts[step]!;
@@ -95,6 +96,7 @@ describe('checkpoint garbage collection', () => {
     expect(begun.contextState).toBe('RESTORED');
     const r = await rt.exec(begun.containerId, ['/bin/sh', '-c', 'test ! -e /tmp/f1 && test -s /tmp/f2 && test -s /tmp/f3']);
     expect(r.exitCode, r.stderr).toBe(0);
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-gc');
     await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-gc', evidence: SUCCESS });
   });
 

@@ -23,6 +23,8 @@ import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { StateStore } from '../../../src/store/connection.ts';
 import { startAgent, TEST_AGENT_SHA, type InProcessAgent } from '../../support/agent.ts';
 import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../../support/docker.ts';
+import { writeNativeSession } from '../../support/native-session.ts';
+import type { CliKind } from '../../../src/core/turn-end-evidence.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
 
@@ -55,6 +57,8 @@ export interface Fleet {
   group(groupId: string): Promise<GroupRecord>;
   host(hostId: string): Promise<HostRecord>;
   waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs?: number): Promise<T>;
+  /** Act as the member's CLI: write its native session file for `locator` in the running container. */
+  writeSession(hostId: string, containerId: string, locator: string, cli?: CliKind): Promise<string>;
   cleanup(): Promise<void>;
 }
 
@@ -95,6 +99,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
   const chunks = await ChunkStore.open(nc);
   const config = ControlPlaneConfigSchema.parse({ ...FAST_CONFIG, allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId], ...configOverrides });
   const agents = new Map<string, InProcessAgent>();
+  const hostIndex = new Map<string, number>();
   const planes: ControlPlane[] = [];
   const fleet: Fleet = {
     nats, hosts, image, nc, store, chunks, config, agents, planes,
@@ -115,7 +120,13 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
       const agentNc = await nats.connect(hostId, auth);
       const agent = await startAgent(agentNc, { hostId, natsUrl: nats.server.url, host: hosts[index]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, ...(credsFile !== undefined ? { natsCredsFile: credsFile } : {}), ...overrides } });
       agents.set(hostId, agent);
+      hostIndex.set(hostId, index);
       return agent;
+    },
+    async writeSession(hostId, containerId, locator, cli = 'claude_code') {
+      const host = hosts[hostIndex.get(hostId) ?? -1];
+      if (host === undefined) throw new Error(`no agent was started on ${hostId}`);
+      return writeNativeSession(host.docker, containerId, cli, locator);
     },
     async stopAgent(hostId) {
       await agents.get(hostId)?.stop();

@@ -84,6 +84,7 @@ describe('leader killed during a migration', () => {
       const { group } = await registry.runner.openGroup({ idempotencyKey: key(), conversationId: `conv-lk-${s}`, members: [{ memberId: 'm1', cli: 'claude_code' }] });
       const groupId = group.groupId;
       const begun = await registry.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+      await fleet.writeSession(begun.hostId, begun.containerId, `sess-${s}`);
       await registry.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: `sess-${s}`, evidence: SUCCESS });
       // Odd schedules start from a clean stop with a checkpoint; even ones from a running group.
       if (s % 2 === 1) await registry.runner.stopGroup({ idempotencyKey: key(), groupId });
@@ -190,6 +191,7 @@ describe('control-plane process killed during a migration', () => {
       const { group } = await registry.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-process-kill', members: [{ memberId: 'm1', cli: 'claude_code' }] });
       const groupId = group.groupId;
       const begun = await registry.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+      await fleet.writeSession(begun.hostId, begun.containerId, 'sess-proc');
       await registry.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-proc', evidence: SUCCESS });
       const source = (await fleet.group(groupId)).lifecycle.hostId;
       await registry.drainHost(source);

@@ -42,6 +42,7 @@ async function open(conversationId: string) {
 
 async function turn(groupId: string, locator: string) {
   const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+  await fleet.writeSession(begun.hostId, begun.containerId, locator);
   const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: locator, evidence: SUCCESS });
   return { begun, done };
 }

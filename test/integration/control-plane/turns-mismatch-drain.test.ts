@@ -30,10 +30,12 @@ describe('locator mismatch at turn end, then drain', () => {
 
     const first = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
     expect(first.contextState).toBe('NEW');
+    await fleet.writeSession(first.hostId, first.containerId, 'sess-1');
     await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: first.turnId, observedLocator: 'sess-1', evidence: SUCCESS });
 
     const live = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
     expect(live.contextState).toBe('LIVE');
+    await fleet.writeSession(live.hostId, live.containerId, 'sess-1');
     await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: live.turnId, observedLocator: 'sess-1', evidence: SUCCESS });
     await expect(plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1', locator: 'sess-other' })).rejects.toMatchObject({ reason: 'locator_mismatch' });
     // The end-to-end sequence: a clean stop (and its checkpoint) before the refused turn, which then
@@ -76,6 +78,7 @@ describe('locator mismatch at turn end, then drain', () => {
     expect(after.contextState).toBe('RESTORED');
     expect(after.locator).toBe('sess-1');
     expect(after.hostId).toBe('host-b');
+    await fleet.writeSession(after.hostId, after.containerId, 'sess-1');
     const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: after.turnId, observedLocator: 'sess-1', evidence: SUCCESS });
     expect(done.savedLocator).toBe('sess-1');
   }, 180_000);
@@ -85,6 +88,7 @@ describe('locator mismatch at turn end, then drain', () => {
     const groupId = group.groupId;
     expect(group.hostId).toBe('host-b');
     const first = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    await fleet.writeSession(first.hostId, first.containerId, 'sess-2');
     await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: first.turnId, observedLocator: 'sess-2', evidence: SUCCESS });
     const live = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
     expect(live.contextState).toBe('LIVE');

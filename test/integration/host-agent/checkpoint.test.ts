@@ -14,6 +14,8 @@ import type Docker from 'dockerode';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
+import { ChunkStore } from '../../../src/store/chunk-store.ts';
+import { fromWireManifest, toWireManifest } from '../../../src/wire/checkpoint-manifest.ts';
 import { CommandOutcome, type CheckpointManifest, type CleanStopEvidence } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { CliKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
@@ -24,6 +26,7 @@ import { heartbeats, okValue, notices, registrationResponder, sendCommand, start
 const GROUP = 'g-e2e';
 const SESSION = '3f2a9c1e-7b4d-4e8a-9c0f-2d6b1a5e8f70';
 const HISTORY = `/home/agent/.claude/projects/-home-agent/${SESSION}.jsonl`;
+const GONE = '/home/agent/.claude/projects/-home-agent/gone.jsonl';
 
 let nats: TestNats | undefined;
 let hostA: DockerHost | undefined;
@@ -145,7 +148,19 @@ describe('checkpoint on host A, restore on host B', () => {
     const unproven = await onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId: 'cp-x', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator: SESSION, nativeSessionPaths: [HISTORY] }], cleanStop: evidence, activityVersion: 12, lastCompletedTurnId: 'turn-7' } });
     expect(unproven).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'unclean_stop' });
 
-    const result = ok(await checkpoint('cp-1', SESSION, [HISTORY]), 'checkpoint');
+    // Verify before emit (R-G3): a locator the session file does not hold, or a named file the layer
+    // lacks, is refused at the source; no manifest is written.
+    const unprovable = await checkpoint('cp-bad', 'not-the-session', [HISTORY, GONE]);
+    expect(unprovable).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'session_files_missing' });
+    expect(unprovable.message).toContain(`${HISTORY} locator_absent`);
+    expect(unprovable.message).toContain(`${GONE} missing`);
+    // A saved session whose file is nowhere in the layer (the CLI's layout finds nothing) is refused too.
+    const lost = await checkpoint('cp-lost', 'a1b2c3d4-0000-4000-8000-000000000000', []);
+    expect(lost).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'session_files_missing' });
+    expect(lost.message).toContain('.claude/projects');
+
+    // The control plane names no paths: the agent finds the session file by the CLI's layout.
+    const result = ok(await checkpoint('cp-1', SESSION, []), 'checkpoint');
     manifest = result.manifest!;
     expect(manifest).toMatchObject({
       schemaVersion: 1,
@@ -173,8 +188,13 @@ describe('checkpoint on host A, restore on host B', () => {
     expect(again.members[0]!.layer!.digest).toBe(member!.layer!.digest);
     expect(again.createdAtUnixMs).toBe(manifest.createdAtUnixMs);
 
-    // A checkpoint whose manifest names a locator and a file the layer does not hold (for the cold-start check below).
-    badManifest = ok(await checkpoint('cp-bad', 'not-the-session', [HISTORY, '/home/agent/.claude/projects/-home-agent/gone.jsonl']), 'checkpoint').manifest!;
+    // For the cold-start check below: a stored manifest (as an older or broken agent on host A could
+    // have written it, which the source check above now prevents) naming a locator and a file the
+    // layer does not hold.
+    const chunks = await ChunkStore.open(nc);
+    const planted = { ...fromWireManifest(manifest), checkpointId: 'cp-bad' };
+    await chunks.putManifest({ ...planted, members: planted.members.map((m) => ({ ...m, savedLocator: 'not-the-session', nativeSessionPaths: [HISTORY, GONE] })) });
+    badManifest = toWireManifest(await chunks.getManifest('host-a', GROUP, 'cp-bad'), { baseImageRef: manifest.baseImageRef, activityVersion: 12, lastCompletedTurnId: 'turn-7', cleanStop, sourceContainerIds: new Map([['claude', sourceId]]), entryCounts: new Map([['claude', member!.layer!.entryCount]]) });
   });
 
   it('host A loses its Docker data root; the agent says so (R-H5)', async () => {

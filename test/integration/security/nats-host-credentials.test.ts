@@ -215,6 +215,7 @@ describe('per-host NATS credentials: a whole migration', () => {
     const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-auth', members: [{ memberId: 'm1', cli: 'claude_code' }] });
     const turn = async () => {
       const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1' });
+      await fleet.writeSession(begun.hostId, begun.containerId, 'sess-auth');
       await plane.runner.completeTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-auth', evidence: SUCCESS });
       return begun;
     };

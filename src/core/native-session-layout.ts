@@ -1,0 +1,97 @@
+// Where each native CLI keeps a session's history inside its container (R-G3, R-G5). A checkpoint
+// names the member's native session files in its manifest, and a restore proves they arrived with
+// the saved locator before the group is placed (cold-start recovery check). The host agent finds
+// the files in the member's writable layer at checkpoint time with these rules; the control plane
+// cannot know them (home directory and working directory are the CLI's business).
+//
+// `enforced` layouts are verified against the pinned CLI itself; for them, a member with a saved
+// locator whose session file is not in its layer is NOT recoverable: the session is gone, and a
+// "restore" would only start a fresh session under the old locator (the incident behind R-S2). The
+// checkpoint is refused (`session_files_missing`) and a group that must move is LOST with that
+// reason. Unverified layouts are used when they find something (the restore then proves it) and
+// never refuse: guessing wrong there would make every migration of that CLI LOST.
+import type { CliKind } from './turn-end-evidence.ts';
+
+export interface NativeSessionLayout {
+  /** The sessions directory, relative to the CLI user's home directory. */
+  readonly root: string;
+  /** Directory levels between `root` and a session file (e.g. one per project, or YYYY/MM/DD). */
+  readonly depth: number;
+  /** Whether a file name (no directory) is a session file of `locator`. */
+  readonly isSessionFile: (fileName: string, locator: string) => boolean;
+  /** Verified against the pinned CLI: a missing file makes the checkpoint unusable. */
+  readonly enforced: boolean;
+  /** Where the layout was verified (or why it is not). */
+  readonly source: string;
+}
+
+/** rollout-YYYY-MM-DDThh-mm-ss-<thread id>.jsonl: the fixed-width time makes the id unambiguous. */
+const CODEX_ROLLOUT = /^rollout-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-(.+)\.jsonl$/;
+
+export const NATIVE_SESSION_LAYOUTS: Readonly<Record<CliKind, NativeSessionLayout>> = {
+  claude_code: {
+    root: '.claude/projects',
+    depth: 1,
+    isSessionFile: (name, locator) => name === `${locator}.jsonl`,
+    enforced: true,
+    // <home>/.claude/projects/<cwd with / → ->/<session_id>.jsonl; sub-agent sidechains live one
+    // level deeper and are not the root session (R-S4).
+    source: 'claude-code 2.1.220, run in a container (FACTS.md; test/integration/cli-history)',
+  },
+  pi: {
+    root: '.pi/agent/sessions',
+    depth: 1,
+    // The timestamp part has no '_' (ISO time with ':' and '.' replaced by '-'), so the locator is
+    // everything after the FIRST '_': a locator that ends another one never matches its file.
+    isSessionFile: (name, locator) => name.endsWith('.jsonl') && /^[^_]+_/.test(name) && name.slice(name.indexOf('_') + 1, -'.jsonl'.length) === locator,
+    enforced: true,
+    // <home>/.pi/agent/sessions/<encoded cwd>/<timestamp>_<session id>.jsonl
+    source: '@mariozechner/pi-coding-agent 0.73.1, dist/core/session-manager.js',
+  },
+  codex: {
+    root: '.codex/sessions',
+    depth: 3,
+    isSessionFile: (name, locator) => CODEX_ROLLOUT.exec(name)?.[1] === locator,
+    enforced: false,
+    // <home>/.codex/sessions/YYYY/MM/DD/rollout-<timestamp>-<thread id>.jsonl (documented; the
+    // pinned binary also keeps a thread database, so the file alone is not proven sufficient).
+    source: 'Codex documentation; not verified against the pinned binary',
+  },
+  opencode: {
+    root: '.local/share/opencode/storage/session',
+    depth: 1,
+    isSessionFile: (name, locator) => name === `${locator}.json`,
+    enforced: false,
+    source: 'OpenCode documentation; not verified against the pinned binary',
+  },
+  kilo: {
+    root: '.local/share/kilo/storage/session',
+    depth: 1,
+    isSessionFile: (name, locator) => name === `${locator}.json`,
+    enforced: false,
+    source: 'assumed from OpenCode (Kilo CLI is derived from it); not verified',
+  },
+};
+
+/** Home directories searched in a member's layer: root's, and each user's under /home. */
+export const SESSION_HOMES = ['/root', '/home/*'] as const;
+
+const SEGMENT = /^[^/\0]+$/;
+
+/**
+ * Whether `path` (absolute, inside the container) is a session file of `locator` for `cli`:
+ * `<home>/<root>/<depth directories>/<file>` with `<home>` one of SESSION_HOMES.
+ */
+export function isNativeSessionPath(cli: CliKind, locator: string, path: string): boolean {
+  const layout = NATIVE_SESSION_LAYOUTS[cli];
+  if (locator === '' || locator.includes('/') || !path.startsWith('/')) return false;
+  const parts = path.slice(1).split('/');
+  const homeParts = parts[0] === 'root' ? 1 : parts[0] === 'home' ? 2 : 0;
+  if (homeParts === 0 || (homeParts === 2 && !SEGMENT.test(parts[1] ?? ''))) return false;
+  const rootParts = layout.root.split('/');
+  if (parts.length !== homeParts + rootParts.length + layout.depth + 1) return false;
+  if (rootParts.some((p, i) => parts[homeParts + i] !== p)) return false;
+  const between = parts.slice(homeParts + rootParts.length, -1);
+  if (!between.every((p) => SEGMENT.test(p) && p !== '.' && p !== '..')) return false;
+  return layout.isSessionFile(parts[parts.length - 1]!, locator);
+}
