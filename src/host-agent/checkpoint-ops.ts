@@ -277,7 +277,7 @@ export class CheckpointOps {
             imageId: manifest.baseImageDigest,
             cmd: this.deps.groups.memberCommand(m.cliKind),
             env: { SANDBOXFLEET_GROUP_ID: manifest.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: m.cliKind },
-            networkMode: 'none',
+            networkMode: this.deps.groups.memberNetworkMode,
           })
           .then((made) => {
             created.push(made.id);

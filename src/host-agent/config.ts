@@ -43,6 +43,12 @@ export const HostAgentConfigSchema = z
     /** Member command per CLI kind (claude-code, codex, pi, opencode, kilo); default for the rest. */
     memberCommand: command.default(DEFAULT_MEMBER_COMMAND),
     memberCommands: z.record(z.string().regex(/^[a-z][a-z0-9-]{0,31}$/), command).default({}),
+    /**
+     * Network of member containers: `none` (default; sandboxes reach nothing), or `host` where the
+     * CLIs must reach a model API on the host's loopback (a local gateway, or the fake model API of
+     * the pinned-CLI history tests). No bridge networks: hosts run dockerd with --bridge=none.
+     */
+    memberNetworkMode: z.enum(['none', 'host']).default('none'),
     /** Heartbeat cadence (R-H3); the control plane's TTL is a multiple of it. */
     heartbeatIntervalMs: z.coerce.number().int().min(100).max(60_000).default(2000),
     /** Member containers this host accepts (reported as capacity, enforced on create/restore). */
@@ -107,6 +113,7 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     agentSha: env.SANDBOXFLEET_AGENT_SHA || fallbackAgentSha,
     memberCommand: jsonEnv('SANDBOXFLEET_MEMBER_COMMAND', env.SANDBOXFLEET_MEMBER_COMMAND),
     memberCommands: jsonEnv('SANDBOXFLEET_MEMBER_COMMANDS', env.SANDBOXFLEET_MEMBER_COMMANDS),
+    memberNetworkMode: env.SANDBOXFLEET_MEMBER_NETWORK_MODE,
     heartbeatIntervalMs: env.SANDBOXFLEET_HEARTBEAT_INTERVAL_MS,
     maxMembers: env.SANDBOXFLEET_MAX_MEMBERS,
     maxStopGraceMs: env.SANDBOXFLEET_MAX_STOP_GRACE_MS,

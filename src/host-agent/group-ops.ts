@@ -38,6 +38,11 @@ export class GroupOps {
     return new Map(all.filter((c) => c.member?.placementGeneration === generation).map((c) => [c.member!.memberId, c]));
   }
 
+  /** The network member containers are created with (config `memberNetworkMode`). */
+  get memberNetworkMode(): 'none' | 'host' {
+    return this.deps.config.memberNetworkMode;
+  }
+
   memberCommand(cliKind: string): string[] {
     return this.deps.config.memberCommands[cliKind] ?? this.deps.config.memberCommand;
   }
@@ -65,7 +70,7 @@ export class GroupOps {
         imageId,
         cmd: this.memberCommand(kind),
         env: { SANDBOXFLEET_GROUP_ID: cmd.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: kind },
-        networkMode: 'none',
+        networkMode: this.deps.config.memberNetworkMode,
       });
       ids[m.memberId] = created.id;
     }

@@ -25,6 +25,18 @@ export interface SandboxImageSpec {
   readonly bridgeVersion: number | null;
   /** What the helper's `--version` prints; defaults to bridgeVersion; null builds an image without the helper. */
   readonly helperVersion?: number | null;
+  /** More files from this machine, e.g. a native CLI and the libraries it links (content read at build). */
+  readonly extraFiles?: readonly ExtraFile[];
+  /** Appended to the tag (`sandboxfleet/sandbox:bridge4-<suffix>`); required with extraFiles. */
+  readonly tagSuffix?: string;
+}
+
+export interface ExtraFile {
+  /** Absolute path inside the image. */
+  readonly path: string;
+  /** File on this machine to copy (symlinks resolved). */
+  readonly source: string;
+  readonly mode: number;
 }
 
 export interface SandboxImage {
@@ -57,7 +69,7 @@ const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/age
 const GROUP = 'root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n';
 
 /** Deterministic rootfs tarball (fixed mtimes, sorted entries) so the cache key is its digest. */
-async function rootfsTar(helperVersion: number | null): Promise<Buffer> {
+async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = []): Promise<Buffer> {
   const pack = tar.pack();
   const mtime = new Date(0);
   const dir = (name: string, mode = 0o755, uid = 0): void => {
@@ -78,6 +90,16 @@ async function rootfsTar(helperVersion: number | null): Promise<Buffer> {
   file('etc/passwd', PASSWD);
   file('etc/group', GROUP);
   if (helperVersion !== null) file(HELPER_PATH.slice(1), helperScript(helperVersion), 0o755);
+  const made = new Set<string>();
+  for (const f of [...extraFiles].sort((a, b) => a.path.localeCompare(b.path))) {
+    const parts = f.path.slice(1).split('/');
+    for (let i = 1; i < parts.length; i++) {
+      const d = parts.slice(0, i).join('/');
+      if (!made.has(d) && !['bin', 'sbin', 'usr', 'usr/bin', 'usr/sbin', 'usr/local', 'usr/local/bin', 'etc', 'var', 'run', 'root', 'home'].includes(d)) dir(d);
+      made.add(d);
+    }
+    file(f.path.slice(1), readFileSync(f.source), f.mode);
+  }
   pack.finalize();
   const chunks: Buffer[] = [];
   for await (const chunk of pack as unknown as AsyncIterable<Buffer>) chunks.push(chunk);
@@ -128,20 +150,21 @@ const inFlight = new Map<string, Promise<SandboxImage>>();
  */
 export function buildSandboxImage(builder: Docker, spec: SandboxImageSpec): Promise<SandboxImage> {
   const helperVersion = spec.helperVersion === undefined ? spec.bridgeVersion : spec.helperVersion;
-  const key = `${spec.bridgeVersion}/${helperVersion}`;
+  const key = `${spec.bridgeVersion}/${helperVersion}/${spec.tagSuffix ?? ''}`;
   let p = inFlight.get(key);
   if (!p) {
-    p = build(builder, spec.bridgeVersion, helperVersion);
+    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix);
     inFlight.set(key, p);
     p.catch(() => inFlight.delete(key));
   }
   return p;
 }
 
-async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null): Promise<SandboxImage> {
-  const rootfs = await rootfsTar(helperVersion);
+async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined): Promise<SandboxImage> {
+  if (extraFiles.length > 0 && tagSuffix === undefined) throw new Error('an image with extra files needs a tagSuffix');
+  const rootfs = await rootfsTar(helperVersion, extraFiles);
   const changes = changesFor(bridgeVersion);
-  const reference = referenceFor(bridgeVersion, helperVersion);
+  const reference = `${referenceFor(bridgeVersion, helperVersion)}${tagSuffix === undefined ? '' : `-${tagSuffix}`}`;
   const digest = createHash('sha256').update(`recipe ${RECIPE_VERSION}\n`).update(JSON.stringify({ changes, reference })).update(rootfs).digest('hex');
   const cacheDir = imageCacheDir();
   mkdirSync(cacheDir, { recursive: true });

@@ -26,7 +26,7 @@ import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '.
 import { writeNativeSession } from '../../support/native-session.ts';
 import type { CliKind } from '../../../src/core/turn-end-evidence.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
-import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
+import { provisionSandboxImage, type SandboxImage, type SandboxImageSpec } from '../../support/sandbox-image.ts';
 
 export const FAST_CONFIG: Partial<ControlPlaneConfig> = {
   heartbeatIntervalMs: 500,
@@ -68,6 +68,8 @@ export interface FleetOptions {
    * (every subject) and one nkey per host limited to hostPermissions(host).
    */
   readonly auth?: boolean;
+  /** The sandbox image the hosts run (default: the plain bridge-4 test image). */
+  readonly image?: SandboxImageSpec;
 }
 
 /** Nkey users and their seed files for a fleet with `auth`. */
@@ -93,7 +95,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
   const credsDir = options.auth ? await mkdtemp(join(tmpdir(), 'sf-creds-')) : undefined;
   const creds = credsDir !== undefined ? await fleetCredentials(credsDir, hostIds) : undefined;
   const [nats, hosts] = await Promise.all([startTestNats(creds !== undefined ? { users: creds.users } : {}), startDockerHosts(hostCount)]);
-  const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
+  const image = await provisionSandboxImage(hosts.map((h) => h.docker), options.image ?? { bridgeVersion: 4 });
   const nc = await nats.connect('control-plane', creds !== undefined ? { credsFile: creds.controlPlane } : undefined);
   const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
   const chunks = await ChunkStore.open(nc);
