@@ -76,6 +76,8 @@ async function main(): Promise<void> {
   hosts = await startDockerHosts(HOSTS);
   const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
   console.log(`sandbox image    ${image.reference} ${image.imageId}`);
+  // For local tooling (`npm run demo` acts as the members' CLIs): which engine socket each host has.
+  await writeFile(join(stateDir, 'hosts.json'), `${JSON.stringify(Object.fromEntries(hosts.map((h) => [h.name, { dockerSocket: h.socketPath }])), null, 2)}\n`);
 
   const run = (name: string, script: string, env: NodeJS.ProcessEnv) => {
     const out = createWriteStream(join(logDir, `${name}.log`), { flags: 'a' });
