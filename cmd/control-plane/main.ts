@@ -12,6 +12,8 @@ import { createAdminHandlers } from '../../src/api/admin-handlers.ts';
 import { roleCasFrom } from '../../src/api/peer-identity.ts';
 import { ApiServer, type TransportSecurity } from '../../src/api/runner-server.ts';
 import { grpcSecurityProblem, loadControlPlaneConfig, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
+import { LeaseElector } from '../../src/kube/lease-elector.ts';
+import { NodeWatcher, loadKubeConfig } from '../../src/kube/node-watcher.ts';
 import { CONTROL_PLANE_BUCKETS, ControlPlane } from '../../src/control-plane/index.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
@@ -89,8 +91,20 @@ async function main(): Promise<void> {
     detail: { apiSha: API_SHA, pid: String(process.pid) },
   });
 
-  const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: buildSha(), replicaId });
+  // R-I6: in-cluster, the leader holds a Kubernetes Lease; elsewhere the NATS KV lease.
+  const elector = config.leaderElection === 'kubernetes-lease'
+    ? new LeaseElector({ kubeConfig: loadKubeConfig(config.kubernetesNodes.startsWith('/') ? { kubeconfig: config.kubernetesNodes } : 'in-cluster'), namespace: config.leaseNamespace, name: config.leaseName, identity: replicaId, leaseDurationSeconds: config.leaseDurationSeconds, logger: logger.child({ component: 'leader' }) })
+    : undefined;
+  const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: buildSha(), replicaId, ...(elector !== undefined ? { elector } : {}) });
   plane.start();
+  // R-H5/R-I6: Nodes that are going away drain their hosts (the leader acts; see src/kube).
+  const nodes = config.kubernetesNodes === 'off' ? undefined : new NodeWatcher({
+    kubeConfig: loadKubeConfig(config.kubernetesNodes === 'in-cluster' ? 'in-cluster' : { kubeconfig: config.kubernetesNodes }),
+    drain: (hostId, source) => plane.drainHost(hostId, source),
+    isLeader: () => plane.leader.isLeader,
+    logger: logger.child({ component: 'kube-nodes' }),
+  });
+  await nodes?.start();
   const grpcHost = config.grpcHost.includes(':') ? `[${config.grpcHost}]` : config.grpcHost;
   const api = await ApiServer.start({
     runner: plane.runner,
@@ -120,6 +134,7 @@ async function main(): Promise<void> {
     logger.info({ signal }, 'shutting down');
     // 1. Stop accepting gRPC; calls in flight get a grace period to finish.
     await api.shutdown(10_000).catch((err: unknown) => logger.warn({ err }, 'gRPC shutdown failed'));
+    await nodes?.stop().catch((err: unknown) => logger.warn({ err }, 'Node watch stop failed'));
     // 2. Stop the loops and resign leadership, so another replica takes over at once.
     await plane.stop().catch((err: unknown) => logger.warn({ err }, 'control plane stop failed'));
     await ops.close();

@@ -106,6 +106,20 @@ export const ControlPlaneConfigSchema = z.object({
   grpcInsecure: flag.default(false),
   /** R-H7: how long `verify` waits for one host's reverse probe by default. */
   verifyProbeTimeoutMs: durationMs(100, 60_000).default(5_000),
+  /**
+   * R-H5/R-I6 Kubernetes Node watch: `off`, `in-cluster` (the pod's service account; the chart's
+   * setting), or the absolute path of a kubeconfig file. A deleted, cordoned, autoscaler-tainted
+   * or spot-noticed Node drains the host of the same name.
+   */
+  /**
+   * R-I6 leader election: `nats-kv` (default; works anywhere), or `kubernetes-lease` in-cluster
+   * (the chart's setting: a coordination.k8s.io Lease, `leaseName` in `leaseNamespace`).
+   */
+  leaderElection: z.enum(['nats-kv', 'kubernetes-lease']).default('nats-kv'),
+  leaseName: z.string().regex(/^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/).default('sandbox-fleet-leader'),
+  leaseNamespace: z.string().regex(/^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/).default('default'),
+  leaseDurationSeconds: z.coerce.number().int().min(2).max(300).default(15),
+  kubernetesNodes: z.union([z.literal('off'), z.literal('in-cluster'), z.string().regex(/^\/.+/, 'an absolute kubeconfig path')]).default('off'),
 });
 
 export type ControlPlaneConfig = z.infer<typeof ControlPlaneConfigSchema>;
@@ -121,7 +135,8 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     httpHost: env.SANDBOXFLEET_HTTP_HOST,
     httpPort: env.SANDBOXFLEET_HTTP_PORT,
     logLevel: env.LOG_LEVEL,
-    replicaId: env.SANDBOXFLEET_REPLICA_ID,
+    // In a pod, the pod name (unique per pod): a restarted pod never inherits leadership.
+    replicaId: env.SANDBOXFLEET_REPLICA_ID ?? env.SANDBOXFLEET_POD_NAME,
     allowedAgentShas: env.SANDBOXFLEET_ALLOWED_AGENT_SHAS,
     allowedImageDigests: env.SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS,
     allowedStorageDrivers: env.SANDBOXFLEET_ALLOWED_STORAGE_DRIVERS,
@@ -149,6 +164,11 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     tlsAdminCaFile: env.SANDBOXFLEET_TLS_ADMIN_CA_FILE,
     grpcInsecure: env.SANDBOXFLEET_GRPC_INSECURE,
     verifyProbeTimeoutMs: env.SANDBOXFLEET_VERIFY_PROBE_TIMEOUT_MS,
+    kubernetesNodes: env.SANDBOXFLEET_KUBERNETES_NODES,
+    leaderElection: env.SANDBOXFLEET_LEADER_ELECTION,
+    leaseName: env.SANDBOXFLEET_LEASE_NAME,
+    leaseNamespace: env.SANDBOXFLEET_LEASE_NAMESPACE,
+    leaseDurationSeconds: env.SANDBOXFLEET_LEASE_DURATION_SECONDS,
   });
   if (!parsed.success) {
     const problems = parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ');

@@ -4,7 +4,7 @@ import { accessSync, constants } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, join } from 'node:path';
 
-export type ToolName = 'nats-server' | 'nats' | 'helm' | 'promtool' | 'dockerd' | 'docker' | 'etcd';
+export type ToolName = 'nats-server' | 'nats' | 'helm' | 'promtool' | 'dockerd' | 'docker' | 'etcd' | 'kube-apiserver';
 
 /** Directory where scripts/bootstrap puts Go-built tools; overridable for CI caches. */
 export function toolsDir(env: NodeJS.ProcessEnv = process.env): string {

@@ -18,7 +18,7 @@ import { EventRecorder } from './events.ts';
 import { describeError } from './fleet.ts';
 import { HostLeasePolicySchema } from './hosts.ts';
 import { HostRegistry, policyFrom } from './host-registry.ts';
-import { LeaderElector } from './leader.ts';
+import { LeaderElector, type Elector } from './leader.ts';
 import { LivenessLoop } from './liveness-loop.ts';
 import { MigrationController, type StepHook } from './migration-controller.ts';
 import { LeadershipRecordSchema } from './records.ts';
@@ -44,6 +44,8 @@ export interface ControlPlaneOptions {
   readonly stepHook?: StepHook;
   /** Run reconcile loops on a timer (default true); tests may drive `reconcileOnce()` instead. */
   readonly autoReconcile?: boolean;
+  /** Leader election; default: the NATS KV lease (leader.ts). In-cluster: a Kubernetes Lease. */
+  readonly elector?: Elector;
 }
 
 export class ControlPlane {
@@ -52,7 +54,7 @@ export class ControlPlane {
   readonly registry: HostRegistry;
   readonly controller: MigrationController;
   readonly liveness: LivenessLoop;
-  readonly leader: LeaderElector;
+  readonly leader: Elector;
   /** Operator queries and commands (the admin service's backend). */
   readonly admin: AdminOps;
   readonly probes: ProbeResponder;
@@ -86,7 +88,7 @@ export class ControlPlane {
     this.probes = new ProbeResponder(opts.nc, opts.replicaId, now, logger);
     this.admin = new AdminOps(this.ctx, opts.store, policy, this.controller, this.probes, opts.buildSha);
     this.liveness = new LivenessLoop(this.ctx);
-    this.leader = new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
+    this.leader = opts.elector ?? new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
   }
 
   /** Serve registrations/heartbeats and start the leader loop. */

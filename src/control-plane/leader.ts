@@ -9,7 +9,20 @@ import type { LeadershipRecord } from './records.ts';
 
 const KEY = 'control-plane';
 
-export class LeaderElector {
+/**
+ * Who runs the reconcile loops: NATS KV (below, the default) or a Kubernetes Lease in-cluster
+ * (src/kube/lease-elector.ts, R-I6). `tick` is called every reconcile interval.
+ */
+export interface Elector {
+  readonly isLeader: boolean;
+  readonly term: number;
+  /** Take or keep leadership; whether this replica leads after the attempt. Never throws. */
+  tick(): Promise<boolean>;
+  /** Give leadership up (graceful shutdown) so another replica takes over at once. */
+  resign(): Promise<void>;
+}
+
+export class LeaderElector implements Elector {
   #revision: number | undefined;
   #term = 0;
 

@@ -24,6 +24,7 @@ import { StateStore } from '../../../src/store/connection.ts';
 import { startAgent, TEST_AGENT_SHA, type InProcessAgent } from '../../support/agent.ts';
 import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../../support/docker.ts';
 import { writeNativeSession } from '../../support/native-session.ts';
+import type { Elector } from '../../../src/control-plane/leader.ts';
 import type { CliKind } from '../../../src/core/turn-end-evidence.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { provisionSandboxImage, type SandboxImage, type SandboxImageSpec } from '../../support/sandbox-image.ts';
@@ -51,7 +52,7 @@ export interface Fleet {
   readonly config: ControlPlaneConfig;
   readonly agents: Map<string, InProcessAgent>;
   readonly planes: ControlPlane[];
-  startPlane(opts?: { replicaId?: string; stepHook?: StepHook; autoReconcile?: boolean; metrics?: FleetMetrics }): Promise<ControlPlane>;
+  startPlane(opts?: { replicaId?: string; stepHook?: StepHook; autoReconcile?: boolean; metrics?: FleetMetrics; elector?: Elector }): Promise<ControlPlane>;
   startAgentOn(hostId: string, index: number, overrides?: Record<string, unknown>): Promise<InProcessAgent>;
   stopAgent(hostId: string): Promise<void>;
   group(groupId: string): Promise<GroupRecord>;
@@ -111,6 +112,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
         replicaId: opts.replicaId ?? `cp-${planes.length + 1}`,
         ...(opts.stepHook ? { stepHook: opts.stepHook } : {}),
         ...(opts.autoReconcile !== undefined ? { autoReconcile: opts.autoReconcile } : {}),
+        ...(opts.elector !== undefined ? { elector: opts.elector } : {}),
       });
       plane.start();
       planes.push(plane);
