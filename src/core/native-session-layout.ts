@@ -36,7 +36,7 @@ export const NATIVE_SESSION_LAYOUTS: Readonly<Record<CliKind, NativeSessionLayou
     enforced: true,
     // <home>/.claude/projects/<cwd with / → ->/<session_id>.jsonl; sub-agent sidechains live one
     // level deeper and are not the root session (R-S4).
-    source: 'claude-code 2.1.220, run in a container (FACTS.md; test/integration/cli-history)',
+    source: 'claude-code 2.1.220, run in a container (test/integration/cli-history/claude-code.test.ts)',
   },
   pi: {
     root: '.pi/agent/sessions',
@@ -46,7 +46,7 @@ export const NATIVE_SESSION_LAYOUTS: Readonly<Record<CliKind, NativeSessionLayou
     isSessionFile: (name, locator) => name.endsWith('.jsonl') && /^[^_]+_/.test(name) && name.slice(name.indexOf('_') + 1, -'.jsonl'.length) === locator,
     enforced: true,
     // <home>/.pi/agent/sessions/<encoded cwd>/<timestamp>_<session id>.jsonl
-    source: '@mariozechner/pi-coding-agent 0.73.1, dist/core/session-manager.js',
+    source: '@mariozechner/pi-coding-agent 0.73.1, run in a container (test/integration/cli-history/pi.test.ts)',
   },
   codex: {
     root: '.codex/sessions',

@@ -5,7 +5,7 @@
 // get the SAME image id on every host the image is imported once, `docker save`d to an archive,
 // and that archive is `docker load`ed into each host. Archives are cached, keyed by their inputs.
 import { createHash } from 'node:crypto';
-import { createReadStream, createWriteStream, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { createReadStream, createWriteStream, existsSync, lstatSync, mkdirSync, readFileSync, readdirSync, readlinkSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -27,8 +27,17 @@ export interface SandboxImageSpec {
   readonly helperVersion?: number | null;
   /** More files from this machine, e.g. a native CLI and the libraries it links (content read at build). */
   readonly extraFiles?: readonly ExtraFile[];
+  /** Whole directory trees from this machine (files, directories, symlinks as they are). */
+  readonly extraTrees?: readonly ExtraTree[];
   /** Appended to the tag (`sandboxfleet/sandbox:bridge4-<suffix>`); required with extraFiles. */
   readonly tagSuffix?: string;
+}
+
+export interface ExtraTree {
+  /** Absolute directory path inside the image. */
+  readonly path: string;
+  /** Directory on this machine. */
+  readonly source: string;
 }
 
 export interface ExtraFile {
@@ -69,7 +78,20 @@ const PASSWD = 'root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/age
 const GROUP = 'root:x:0:\nagent:x:1000:\nnogroup:x:65534:\n';
 
 /** Deterministic rootfs tarball (fixed mtimes, sorted entries) so the cache key is its digest. */
-async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = []): Promise<Buffer> {
+/** Every entry under `dir`, sorted, relative to it (directories before their contents). */
+function walk(dir: string, rel = ''): Array<{ rel: string; kind: 'dir' | 'file' | 'symlink'; mode: number; target?: string }> {
+  const out: Array<{ rel: string; kind: 'dir' | 'file' | 'symlink'; mode: number; target?: string }> = [];
+  for (const name of readdirSync(join(dir, rel)).sort()) {
+    const r = rel === '' ? name : `${rel}/${name}`;
+    const st = lstatSync(join(dir, r));
+    if (st.isSymbolicLink()) out.push({ rel: r, kind: 'symlink', mode: 0o777, target: readlinkSync(join(dir, r)) });
+    else if (st.isDirectory()) out.push({ rel: r, kind: 'dir', mode: st.mode & 0o7777 }, ...walk(dir, r));
+    else if (st.isFile()) out.push({ rel: r, kind: 'file', mode: st.mode & 0o7777 });
+  }
+  return out;
+}
+
+async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = [], extraTrees: readonly ExtraTree[] = []): Promise<Buffer> {
   const pack = tar.pack();
   const mtime = new Date(0);
   const dir = (name: string, mode = 0o755, uid = 0): void => {
@@ -99,6 +121,21 @@ async function rootfsTar(helperVersion: number | null, extraFiles: readonly Extr
       made.add(d);
     }
     file(f.path.slice(1), readFileSync(f.source), f.mode);
+  }
+  for (const t of extraTrees) {
+    const base = t.path.slice(1);
+    const parts = base.split('/');
+    for (let i = 1; i <= parts.length; i++) {
+      const d = parts.slice(0, i).join('/');
+      if (!made.has(d) && !['bin', 'sbin', 'usr', 'usr/bin', 'usr/sbin', 'usr/local', 'usr/local/bin', 'etc', 'var', 'run', 'root', 'home'].includes(d)) dir(d);
+      made.add(d);
+    }
+    for (const e of walk(t.source)) {
+      const name = `${base}/${e.rel}`;
+      if (e.kind === 'dir') dir(name, e.mode);
+      else if (e.kind === 'symlink') pack.entry({ name, type: 'symlink', linkname: e.target!, mode: 0o777, mtime });
+      else file(name, readFileSync(join(t.source, e.rel)), e.mode);
+    }
   }
   pack.finalize();
   const chunks: Buffer[] = [];
@@ -153,16 +190,16 @@ export function buildSandboxImage(builder: Docker, spec: SandboxImageSpec): Prom
   const key = `${spec.bridgeVersion}/${helperVersion}/${spec.tagSuffix ?? ''}`;
   let p = inFlight.get(key);
   if (!p) {
-    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix);
+    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix, spec.extraTrees ?? []);
     inFlight.set(key, p);
     p.catch(() => inFlight.delete(key));
   }
   return p;
 }
 
-async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined): Promise<SandboxImage> {
-  if (extraFiles.length > 0 && tagSuffix === undefined) throw new Error('an image with extra files needs a tagSuffix');
-  const rootfs = await rootfsTar(helperVersion, extraFiles);
+async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined, extraTrees: readonly ExtraTree[]): Promise<SandboxImage> {
+  if ((extraFiles.length > 0 || extraTrees.length > 0) && tagSuffix === undefined) throw new Error('an image with extra files needs a tagSuffix');
+  const rootfs = await rootfsTar(helperVersion, extraFiles, extraTrees);
   const changes = changesFor(bridgeVersion);
   const reference = `${referenceFor(bridgeVersion, helperVersion)}${tagSuffix === undefined ? '' : `-${tagSuffix}`}`;
   const digest = createHash('sha256').update(`recipe ${RECIPE_VERSION}\n`).update(JSON.stringify({ changes, reference })).update(rootfs).digest('hex');

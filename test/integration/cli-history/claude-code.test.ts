@@ -22,7 +22,8 @@ import { ContextState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/comm
 import type { BeginTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerClient, RunnerError, completeTurnEvidence, createClaudeCodeDetector, driveDetector, type TurnEndEvidence } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
-import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles, startFakeModelApi, textOf, type FakeModelApi, type RecordedRequest } from '../../support/claude-code.ts';
+import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles } from '../../support/claude-code.ts';
+import { ackMarker, history, promptRequest, startFakeModelApi, type FakeModelApi, type RecordedRequest } from '../../support/fake-model-api.ts';
 import { startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
 
 let fleet: Fleet;
@@ -37,7 +38,7 @@ const AGENT = { memberNetworkMode: 'host' };
 
 beforeAll(async () => {
   // The model answers every prompt with a fixed acknowledgement of its marker word.
-  api = await startFakeModelApi((last) => `ack ${/MARK-[A-Z0-9]+/.exec(last)?.[0] ?? 'none'}`);
+  api = await startFakeModelApi(ackMarker);
   [fleet, pki] = await Promise.all([startFleet(2, {}, { image: { bridgeVersion: 4, extraFiles: claudeCodeImageFiles(), tagSuffix: `claude-code-${CLAUDE_CODE_VERSION}` } }), createTestPki()]);
   plane = await fleet.startPlane();
   await fleet.startAgentOn('host-a', 0, AGENT);
@@ -65,24 +66,6 @@ async function turn(marker: string): Promise<{ begun: BeginTurnResponse; evidenc
   const { evidence } = await driveDetector(Readable.from([run.stdout]), detector);
   await runner.completeTurn({ groupId, memberId: 'claude', turnId: begun.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: run.exitCode }) });
   return { begun, evidence, requests: api.requests.slice(before) };
-}
-
-/**
- * The conversation a request carries: each user and assistant message as role + the marker words of
- * its text. The CLI also sends messages of its own (a `system` role entry, system reminders inside
- * user text); those are not conversation history and are left out.
- */
-function history(request: RecordedRequest): string[] {
-  return (request.body.messages ?? [])
-    .filter((m) => m.role === 'user' || m.role === 'assistant')
-    .map((m) => `${m.role}:${(textOf(m.content).match(/MARK-[A-Z0-9]+/g) ?? []).join(',')}`);
-}
-
-/** The last request of a turn that carried its prompt (the CLI may make others, e.g. a retry). */
-function promptRequest(requests: RecordedRequest[], marker: string): RecordedRequest {
-  const r = requests.filter((q) => (q.body.messages ?? []).some((m) => m.role === 'user' && textOf(m.content).includes(marker))).at(-1);
-  expect(r, `a request carrying ${marker}`).toBeDefined();
-  return r!;
 }
 
 describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API`, () => {

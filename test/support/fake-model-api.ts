@@ -1,0 +1,115 @@
+// A loopback fake of the Anthropic Messages API for the pinned-CLI request-history tests (SPEC
+// §7.1): no credentials, no cost, and every request body recorded so a test can compare what the
+// model API RECEIVED turn after turn (user and assistant text, roles, order, duplicates).
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { expect } from 'vitest';
+
+export interface RecordedRequest {
+  readonly path: string;
+  readonly body: { model?: string; stream?: boolean; messages?: Array<{ role: string; content: unknown }> };
+}
+
+/** Plain text of a Messages API message content (string, or text blocks). */
+export function textOf(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  return content.map((b: { type?: string; text?: string }) => (b?.type === 'text' && typeof b.text === 'string' ? b.text : '')).join('');
+}
+
+export interface FakeModelApi {
+  readonly url: string;
+  readonly requests: RecordedRequest[];
+  /** Requests to anything but POST …/v1/messages (answered 404, or a token count). */
+  readonly unexpected: string[];
+  /** Answer the next `n` message requests with HTTP `status` (e.g. 529 overloaded) before answering normally. */
+  failNext(n: number, status: number): void;
+  close(): Promise<void>;
+}
+
+/**
+ * A loopback fake of POST /v1/messages: streams (SSE) or returns one assistant text message whose
+ * text is `reply(lastUserText)`. Every request body is recorded for the history assertions.
+ */
+export async function startFakeModelApi(reply: (lastUserText: string) => string): Promise<FakeModelApi> {
+  const requests: RecordedRequest[] = [];
+  const unexpected: string[] = [];
+  let failures: { n: number; status: number } = { n: 0, status: 500 };
+  let seq = 0;
+  const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const path = (req.url ?? '').split('?')[0] ?? '';
+      let body: RecordedRequest['body'] = {};
+      try {
+        body = chunks.length > 0 ? (JSON.parse(Buffer.concat(chunks).toString('utf8')) as RecordedRequest['body']) : {};
+      } catch {
+        body = {};
+      }
+      if (req.method !== 'POST' || !path.endsWith('/v1/messages')) {
+        unexpected.push(`${req.method ?? '?'} ${path}`);
+        res.writeHead(path.endsWith('/count_tokens') ? 200 : 404, { 'content-type': 'application/json' });
+        res.end(path.endsWith('/count_tokens') ? '{"input_tokens":10}' : '{"type":"error","error":{"type":"not_found_error","message":"not here"}}');
+        return;
+      }
+      requests.push({ path, body });
+      if (failures.n > 0) {
+        failures = { ...failures, n: failures.n - 1 };
+        res.writeHead(failures.status, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ type: 'error', error: { type: failures.status === 529 ? 'overloaded_error' : 'api_error', message: 'fake failure' } }));
+        return;
+      }
+      const lastUser = [...(body.messages ?? [])].reverse().find((m) => m.role === 'user');
+      const text = reply(textOf(lastUser?.content));
+      const id = `msg_fake_${++seq}`;
+      const message = { id, type: 'message', role: 'assistant', model: body.model ?? 'claude-fake', content: [] as unknown[], stop_reason: null, stop_sequence: null, usage: { input_tokens: 10, output_tokens: 0 } };
+      if (body.stream !== true) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ ...message, content: [{ type: 'text', text }], stop_reason: 'end_turn', usage: { input_tokens: 10, output_tokens: 5 } }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+      const send = (event: string, data: unknown): void => void res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+      send('message_start', { type: 'message_start', message });
+      send('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
+      send('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
+      send('content_block_stop', { type: 'content_block_stop', index: 0 });
+      send('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 5 } });
+      send('message_stop', { type: 'message_stop' });
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const address = server.address();
+  const port = typeof address === 'object' && address !== null ? address.port : 0;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    requests,
+    unexpected,
+    failNext(n, status) {
+      failures = { n, status };
+    },
+    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+  };
+}
+
+/**
+ * The conversation a request carries: each user and assistant message as role + the marker words
+ * (MARK-…) of its text. CLIs also send messages of their own (a `system` role entry, system
+ * reminders inside user text); those are not conversation history and are left out.
+ */
+export function history(request: RecordedRequest): string[] {
+  return (request.body.messages ?? [])
+    .filter((m) => m.role === 'user' || m.role === 'assistant')
+    .map((m) => `${m.role}:${(textOf(m.content).match(/MARK-[A-Z0-9]+/g) ?? []).join(',')}`);
+}
+
+/** The last request of a turn that carried its prompt (the CLI may make others, e.g. a retry). */
+export function promptRequest(requests: readonly RecordedRequest[], marker: string): RecordedRequest {
+  const r = requests.filter((q) => (q.body.messages ?? []).some((m) => m.role === 'user' && textOf(m.content).includes(marker))).at(-1);
+  expect(r, `a request carrying ${marker}`).toBeDefined();
+  return r!;
+}
+
+/** The fake's reply: an acknowledgement of the prompt's marker word. */
+export const ackMarker = (last: string): string => `ack ${/MARK-[A-Z0-9]+/.exec(last)?.[0] ?? 'none'}`;
