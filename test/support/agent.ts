@@ -171,6 +171,8 @@ export interface AgentSetup {
   readonly host: DockerHost;
   readonly imageRef: string;
   readonly overrides?: Partial<HostAgentConfigInput>;
+  /** The agent's clock (in-process agents only): tests move it to pass deadlines mid-command. */
+  readonly nowMs?: () => number;
 }
 
 function configInput(s: AgentSetup): HostAgentConfigInput {
@@ -210,7 +212,7 @@ export async function startAgent(nc: NatsConnection, s: AgentSetup): Promise<InP
   if (s.overrides?.natsCredsFile === undefined) await ensureCheckpointStreams(nc);
   const config = parseHostAgentConfig(configInput(s));
   const metrics = new FleetMetrics();
-  const agent = new HostAgent({ config, nc, runtime: new DockerRuntime(s.host.docker), logger: silentLogger(), metrics });
+  const agent = new HostAgent({ config, nc, runtime: new DockerRuntime(s.host.docker), logger: silentLogger(), metrics, ...(s.nowMs !== undefined ? { nowMs: s.nowMs } : {}) });
   await agent.start();
   return { agent, metrics, stop: () => agent.stop() };
 }

@@ -35,6 +35,8 @@ let nc: NatsConnection;
 let image: SandboxImage;
 let agentA: InProcessAgent | undefined;
 let agentB: InProcessAgent | undefined;
+/** Added to the agents' clocks: a test moves it forward to pass a deadline in the middle of a command. */
+let skewMs = 0;
 
 beforeAll(async () => {
   const [n, hosts] = await Promise.all([startTestNats(), startDockerHosts(2)]);
@@ -43,7 +45,7 @@ beforeAll(async () => {
   nc = await nats.connect('control-plane-driver');
   registrationResponder(nc, { firstEpoch: 1, ownedGroupIds: (h) => (h === 'host-a' ? [GROUP] : []) });
   image = await provisionSandboxImage([hostA!.docker, hostB!.docker], { bridgeVersion: 4 });
-  const setup = (hostId: string, host: DockerHost) => ({ hostId, natsUrl: nats!.server.url, host, imageRef: image.reference });
+  const setup = (hostId: string, host: DockerHost) => ({ hostId, natsUrl: nats!.server.url, host, imageRef: image.reference, nowMs: () => Date.now() + skewMs });
   [agentA, agentB] = await Promise.all([startAgent(await nats.connect('host-a'), setup('host-a', hostA!)), startAgent(await nats.connect('host-b'), setup('host-b', hostB!))]);
 });
 
@@ -55,8 +57,8 @@ afterAll(async () => {
 
 const ok = okValue;
 
-const onA = (generation: number, command: Parameters<typeof sendCommand>[2], commandId?: string) =>
-  sendCommand(nc, { hostId: 'host-a', epoch: agentA!.agent.epoch!, generation, ...(commandId ? { commandId } : {}) }, command);
+const onA = (generation: number, command: Parameters<typeof sendCommand>[2], commandId?: string, deadlineUnixMs?: number) =>
+  sendCommand(nc, { hostId: 'host-a', epoch: agentA!.agent.epoch!, generation, ...(commandId ? { commandId } : {}), ...(deadlineUnixMs !== undefined ? { deadlineUnixMs } : {}) }, command);
 const onB = (generation: number, command: Parameters<typeof sendCommand>[2]) => sendCommand(nc, { hostId: 'host-b', epoch: agentB!.agent.epoch!, generation }, command);
 
 /** Every path of a container's filesystem as `docker export` streams it, minus per-container engine files. */
@@ -195,6 +197,21 @@ describe('checkpoint on host A, restore on host B', () => {
     const planted = { ...fromWireManifest(manifest), checkpointId: 'cp-bad' };
     await chunks.putManifest({ ...planted, members: planted.members.map((m) => ({ ...m, savedLocator: 'not-the-session', nativeSessionPaths: [HISTORY, GONE] })) });
     badManifest = toWireManifest(await chunks.getManifest('host-a', GROUP, 'cp-bad'), { baseImageRef: manifest.baseImageRef, activityVersion: 12, lastCompletedTurnId: 'turn-7', cleanStop, sourceContainerIds: new Map([['claude', sourceId]]), entryCounts: new Map([['claude', member!.layer!.entryCount]]) });
+  });
+
+  it('writes no manifest when the deadline passes during the capture (R-G7: GC relies on it)', async () => {
+    // The clock jumps an hour ahead as soon as the first chunk of the capture is published: the
+    // command arrived in time, its capture ended after the deadline.
+    const watcher = nc.subscribe('sf.chunk.>', { max: 1, callback: () => { skewMs = 3_600_000; } });
+    try {
+      const late = await onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId: 'cp-late', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator: SESSION, nativeSessionPaths: [] }], cleanStop: { ...evidence, noTurnInFlight: true }, activityVersion: 12, lastCompletedTurnId: 'turn-7' } }, undefined, Date.now() + 60_000);
+      expect(skewMs).toBe(3_600_000);
+      expect(late).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'deadline_exceeded' });
+      await expect((await ChunkStore.open(nc)).getManifest('host-a', GROUP, 'cp-late')).rejects.toMatchObject({ reason: 'manifest_missing' });
+    } finally {
+      watcher.unsubscribe();
+      skewMs = 0;
+    }
   });
 
   it('host A loses its Docker data root; the agent says so (R-H5)', async () => {
