@@ -52,10 +52,10 @@ export const NATIVE_SESSION_LAYOUTS: Readonly<Record<CliKind, NativeSessionLayou
     root: '.codex/sessions',
     depth: 3,
     isSessionFile: (name, locator) => CODEX_ROLLOUT.exec(name)?.[1] === locator,
-    enforced: false,
-    // <home>/.codex/sessions/YYYY/MM/DD/rollout-<timestamp>-<thread id>.jsonl (documented; the
-    // pinned binary also keeps a thread database, so the file alone is not proven sufficient).
-    source: 'Codex documentation; not verified against the pinned binary',
+    enforced: true,
+    // <home>/.codex/sessions/YYYY/MM/DD/rollout-<timestamp>-<thread id>.jsonl (the binary also keeps
+    // sqlite state next to it; the whole layer moves, the rollout file is what proves the thread).
+    source: 'codex 0.171.0, run in a container (test/integration/cli-history/codex.test.ts)',
   },
   opencode: {
     root: '.local/share/opencode/storage/session',

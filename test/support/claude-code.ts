@@ -3,11 +3,8 @@
 // The CLI is the real linux-x64 binary from the npm registry, checked against its pinned integrity
 // and cached; it is put into a sandbox image with the glibc libraries it links, taken from this
 // machine (FACTS.md: librt, libc, libpthread, libdl, libm, ld-linux-x86-64).
-import { execFileSync } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, renameSync, rmSync } from 'node:fs';
-import { homedir, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { realpathSync } from 'node:fs';
+import { npmPackedFile } from './npm-binary.ts';
 import type { ExtraFile } from './sandbox-image.ts';
 
 export const CLAUDE_CODE_VERSION = '2.1.220';
@@ -17,23 +14,8 @@ const INTEGRITY = 'sha512-3CGFCnI0gpgsqNeJruFALBDGJaKXOuok3alQEg56ty2yOPpIrOx/r2
 export const CLAUDE_PATH = '/usr/local/bin/claude';
 
 /** The CLI binary on this machine: fetched once with `npm pack`, verified, unpacked into the cache. */
-export function claudeCodeBinary(env: NodeJS.ProcessEnv = process.env): string {
-  const dir = join(env.SANDBOXFLEET_CLI_CACHE ?? join(homedir(), '.cache', 'sandboxfleet', 'cli'), `claude-code-linux-x64-${CLAUDE_CODE_VERSION}`);
-  const binary = join(dir, 'claude');
-  if (existsSync(binary)) return binary;
-  const work = mkdtempSync(join(tmpdir(), 'sf-claude-'));
-  try {
-    const name = execFileSync('npm', ['pack', PACKAGE, '--silent', '--pack-destination', work], { encoding: 'utf8' }).trim().split('\n').pop()!;
-    const tgz = join(work, name);
-    const got = `sha512-${createHash('sha512').update(readFileSync(tgz)).digest('base64')}`;
-    if (got !== INTEGRITY) throw new Error(`${PACKAGE}: integrity ${got}, pinned ${INTEGRITY}`);
-    execFileSync('tar', ['-xzf', tgz, '-C', work, 'package/claude']);
-    mkdirSync(dir, { recursive: true });
-    renameSync(join(work, 'package', 'claude'), binary);
-    return binary;
-  } finally {
-    rmSync(work, { recursive: true, force: true });
-  }
+export function claudeCodeBinary(): string {
+  return npmPackedFile({ spec: PACKAGE, integrity: INTEGRITY, member: 'package/claude', cacheName: `claude-code-linux-x64-${CLAUDE_CODE_VERSION}` });
 }
 
 /** The binary and the libraries it links, as sandbox image files. */

@@ -1,4 +1,5 @@
-// A loopback fake of the Anthropic Messages API for the pinned-CLI request-history tests (SPEC
+// A loopback fake of the Anthropic Messages API (and of the OpenAI Responses API, for Codex) for
+// the pinned-CLI request-history tests (SPEC
 // §7.1): no credentials, no cost, and every request body recorded so a test can compare what the
 // model API RECEIVED turn after turn (user and assistant text, roles, order, duplicates).
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -14,6 +15,12 @@ export function textOf(content: unknown): string {
   if (typeof content === 'string') return content;
   if (!Array.isArray(content)) return '';
   return content.map((b: { type?: string; text?: string }) => (b?.type === 'text' && typeof b.text === 'string' ? b.text : '')).join('');
+}
+
+interface ResponsesBody {
+  model?: string;
+  stream?: boolean;
+  input?: Array<{ type?: string; role?: string; content?: string | Array<{ type?: string; text?: string }> }>;
 }
 
 export interface FakeModelApi {
@@ -35,6 +42,32 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
   const unexpected: string[] = [];
   let failures: { n: number; status: number } = { n: 0, status: 500 };
   let seq = 0;
+  // The OpenAI Responses API (Codex): the request's input messages are recorded in the Messages
+  // shape (role + text blocks), so the same history helpers read both.
+  const answerResponses = (res: ServerResponse, path: string, body: ResponsesBody): void => {
+    const messages = (body.input ?? []).filter((i) => i.type === 'message' || i.role !== undefined).map((i) => ({
+      role: i.role ?? '',
+      content: (Array.isArray(i.content) ? i.content : [{ text: String(i.content ?? '') }]).map((c) => ({ type: 'text', text: typeof c.text === 'string' ? c.text : '' })),
+    }));
+    requests.push({ path, body: { model: body.model, stream: body.stream, messages } });
+    if (failures.n > 0) {
+      failures = { ...failures, n: failures.n - 1 };
+      res.writeHead(failures.status, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ error: { type: 'server_error', message: 'fake failure' } }));
+      return;
+    }
+    const text = reply(textOf([...messages].reverse().find((m) => m.role === 'user')?.content));
+    const id = `resp_fake_${++seq}`;
+    const item = { type: 'message', role: 'assistant', id: `msg_fake_${seq}`, status: 'completed', content: [{ type: 'output_text', text, annotations: [] }] };
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const send = (type: string, data: Record<string, unknown>): void => void res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+    send('response.created', { response: { id, status: 'in_progress' } });
+    send('response.output_item.added', { output_index: 0, item: { ...item, status: 'in_progress', content: [] } });
+    send('response.output_text.delta', { output_index: 0, content_index: 0, item_id: item.id, delta: text });
+    send('response.output_item.done', { output_index: 0, item });
+    send('response.completed', { response: { id, status: 'completed', usage: { input_tokens: 10, output_tokens: 5, total_tokens: 15, input_tokens_details: { cached_tokens: 0 }, output_tokens_details: { reasoning_tokens: 0 } } } });
+    res.end();
+  };
   const server: Server = createServer((req: IncomingMessage, res: ServerResponse) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -45,6 +78,10 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
         body = chunks.length > 0 ? (JSON.parse(Buffer.concat(chunks).toString('utf8')) as RecordedRequest['body']) : {};
       } catch {
         body = {};
+      }
+      if (req.method === 'POST' && path.endsWith('/v1/responses')) {
+        answerResponses(res, path, body as ResponsesBody);
+        return;
       }
       if (req.method !== 'POST' || !path.endsWith('/v1/messages')) {
         unexpected.push(`${req.method ?? '?'} ${path}`);

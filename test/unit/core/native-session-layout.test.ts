@@ -64,6 +64,6 @@ describe('native session layouts', () => {
   });
 
   it('enforce only layouts verified against the pinned CLI', () => {
-    expect(Object.entries(NATIVE_SESSION_LAYOUTS).filter(([, l]) => l.enforced).map(([k]) => k).sort()).toEqual(['claude_code', 'pi']);
+    expect(Object.entries(NATIVE_SESSION_LAYOUTS).filter(([, l]) => l.enforced).map(([k]) => k).sort()).toEqual(['claude_code', 'codex', 'pi']);
   });
 });
