@@ -62,14 +62,17 @@ export const NATIVE_SESSION_LAYOUTS: Readonly<Record<CliKind, NativeSessionLayou
     depth: 1,
     isSessionFile: (name, locator) => name === `${locator}.json`,
     enforced: false,
-    source: 'OpenCode documentation; not verified against the pinned binary',
+    // Measured with opencode 1.18.33: sessions live in SQLite (~/.local/share/opencode/opencode.db,
+    // the session row only in opencode.db-wal until a checkpoint), which no file-name rule can
+    // prove; this JSON-file layout is that of older versions. Nothing is refused on it.
+    source: 'older OpenCode file storage; 1.18.33 uses SQLite (see comment)',
   },
   kilo: {
     root: '.local/share/kilo/storage/session',
     depth: 1,
     isSessionFile: (name, locator) => name === `${locator}.json`,
     enforced: false,
-    source: 'assumed from OpenCode (Kilo CLI is derived from it); not verified',
+    source: 'assumed from OpenCode (Kilo CLI is derived from it); not verified, likely SQLite too',
   },
 };
 
