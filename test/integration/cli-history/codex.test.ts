@@ -8,7 +8,8 @@
 // there sends the same history under the same thread id.
 // Seam, named: the turn end is read from `codex exec --json` (`turn.completed`) by this test, not by
 // the runner SDK's Codex detector, which reads the app-server protocol (`turn/completed`) that a
-// runner drives over JSON-RPC; the evidence sent is the wire form of that end.
+// runner drives over JSON-RPC (that detector meets the real app-server in codex-app-server.test.ts);
+// the evidence sent is the wire form of that end.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
