@@ -29,6 +29,14 @@ import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
 import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
 import { age, bytes, isoTime, OUTPUT_FORMATS, short, streamed, structured, table, type OutputFormat } from './output.ts';
 
+/**
+ * A nats-server authorization user entry (JSON, which the server's config format accepts) for a
+ * host's nkey and its allow-lists: what the chart's `nats.server.authorization.users` holds.
+ */
+export function natsUserEntry(nkey: string, perms: ReturnType<typeof hostPermissions>): { nkey: string; permissions: { publish: { allow: string[] }; subscribe: { allow: string[] }; allow_responses: boolean } } {
+  return { nkey, permissions: { publish: { allow: [...perms.publish] }, subscribe: { allow: [...perms.subscribe] }, allow_responses: perms.allowResponses } };
+}
+
 /** Where a command writes; tests and the binary pass process streams. */
 export interface CliIo {
   readonly out: (text: string) => void;
@@ -304,7 +312,8 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     .argument('<host>', 'host id (the Kubernetes node name in-cluster)')
     .option('--nkey <public-key>', "the host user's nkey public key (U…) for the nats-server user entry")
     .option('--nsc', 'print `nsc edit user` flags for an operator-mode (JWT) user instead')
-    .action((host: string, opts: { nkey?: string; nsc?: boolean }, cmd: Command) => {
+    .option('--chart-user', 'print the user entry as JSON, for the Helm chart\'s nats.server.authorization.users list (needs --nkey)')
+    .action((host: string, opts: { nkey?: string; nsc?: boolean; chartUser?: boolean }, cmd: Command) => {
       const g = globals(cmd);
       let perms;
       try {
@@ -314,6 +323,11 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
       }
       if (opts.nkey !== undefined && !/^U[A-Z2-7]{55}$/.test(opts.nkey)) throw new UsageError('--nkey must be an nkey user public key (U…)');
       const q = (s: string): string => JSON.stringify(s);
+      if (opts.chartUser) {
+        if (opts.nkey === undefined) throw new UsageError('--chart-user needs --nkey');
+        io.out(JSON.stringify(natsUserEntry(opts.nkey, perms)));
+        return;
+      }
       print(g, { host, ...perms }, () => {
         if (opts.nsc) {
           // Single quotes: the subjects hold `$` and `>`, which a shell would expand or redirect.

@@ -3,13 +3,17 @@
 // bad values, the embedded NATS config accepted by the pinned nats-server, and the one rule file
 // both checked and unit-tested by promtool — including a wrong expectation that must fail, so
 // this test can fail. No Kubernetes API server here: installing the chart is a later issue.
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parse, parseAllDocuments } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connect, nkeyAuthenticator } from '@nats-io/transport-node';
+import { natsUserEntry } from '../../../src/cli/commands.ts';
 import { toolPath } from '../../../src/config/tools.ts';
+import { hostPermissions } from '../../../src/core/agent-subjects.ts';
+import { newNkeyUser } from '../../../src/store/nats-auth.ts';
 import { FleetMetrics } from '../../../src/observability/metrics.ts';
 
 const CHART = resolve('helm/sandbox-fleet');
@@ -124,6 +128,7 @@ describe('helm template with default values', () => {
         'ConfigMap/sf-sandbox-fleet-nats',
         'DaemonSet/sf-sandbox-fleet-host-agent',
         'Deployment/sf-sandbox-fleet-control-plane',
+        'NetworkPolicy/sf-sandbox-fleet-nats',
         'PodDisruptionBudget/sf-sandbox-fleet-control-plane',
         'Role/sf-sandbox-fleet-leader-election',
         'RoleBinding/sf-sandbox-fleet-leader-election',
@@ -231,6 +236,63 @@ describe('helm template with default values', () => {
     const sts = find(objects, 'StatefulSet', `${FULLNAME}-nats`);
     expect(sts.spec.replicas).toBe(1);
     expect(sts.spec.template.spec.containers[0].securityContext.readOnlyRootFilesystem).toBe(true);
+  });
+});
+
+describe('helm template with NATS users (R-I2, R-R5)', () => {
+  it('renders users that a real nats-server enforces: no credential refused, a host limited to its own subjects, the control plane unrestricted', async () => {
+    const cp = newNkeyUser();
+    const hostA = newNkeyUser();
+    const users = [{ nkey: cp.publicKey }, natsUserEntry(hostA.publicKey, hostPermissions('host-a'))];
+    const valuesFile = join(scratch, 'auth-values.json');
+    await writeFile(valuesFile, JSON.stringify({ controlPlane: { natsCredentialsSecret: 'cp-nats-creds' }, nats: { server: { authorization: { users } } } }));
+    const objects = await template(['-f', valuesFile]);
+    const policy = find(objects, 'NetworkPolicy', `${FULLNAME}-nats`);
+    expect(policy.spec.ingress[0].ports).toEqual([{ port: 4222, protocol: 'TCP' }]);
+    // The rendered config, with the pod's paths and ports replaced by this machine's.
+    const port = 14000 + Math.floor(Math.random() * 2000);
+    const conf = (find(objects, 'ConfigMap', `${FULLNAME}-nats`).data['nats.conf'] as string)
+      .replace('port: 4222', `port: ${port}`).replace('http_port: 8222', 'http_port: -1')
+      .replace('store_dir: /data', `store_dir: ${join(scratch, 'auth-js')}`).replace('pid_file: /tmp/nats.pid', `pid_file: ${join(scratch, 'auth.pid')}`);
+    const file = join(scratch, 'auth-nats.conf');
+    await writeFile(file, conf);
+    const server = spawn(natsServer, ['-c', file, '-a', '127.0.0.1'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let serverLog = '';
+    server.stderr.on('data', (d: Buffer) => { serverLog += d.toString(); });
+    try {
+      const url = `nats://127.0.0.1:${port}`;
+      const connectAs = async (seed?: Uint8Array) => {
+        for (let i = 0; ; i++) {
+          try {
+            return await connect({ servers: url, timeout: 2_000, ...(seed !== undefined ? { authenticator: nkeyAuthenticator(seed) } : {}) });
+          } catch (err) {
+            if (i > 40 || !/connection refused|ECONNREFUSED/i.test(String(err))) throw new Error(`${String(err)}; nats-server said: ${serverLog.slice(-2000)}`);
+            await new Promise((r) => setTimeout(r, 250));
+          }
+        }
+      };
+      const cpConn = await connectAs(new TextEncoder().encode(cp.seed));
+      await expect(connectAs()).rejects.toThrow(/authorization/i);
+      const hostConn = await connectAs(new TextEncoder().encode(hostA.seed));
+      try {
+        // Allowed: its own heartbeat subject, seen by the control plane.
+        const sub = cpConn.subscribe('sf.host.host-a.heartbeat', { max: 1 });
+        await cpConn.flush();
+        hostConn.publish('sf.host.host-a.heartbeat', 'beat');
+        for await (const m of sub) expect(m.string()).toBe('beat');
+        // Refused: another host's commands.
+        const errors: string[] = [];
+        void (async () => { for await (const st of hostConn.status()) if (st.type === 'error') errors.push(String(st.error)); })();
+        hostConn.subscribe('sf.host.host-b.cmd');
+        await hostConn.flush();
+        await new Promise((r) => setTimeout(r, 300));
+        expect(errors.join(' ')).toMatch(/Permissions Violation for Subscription to "sf\.host\.host-b\.cmd"/);
+      } finally {
+        await Promise.allSettled([cpConn.close(), hostConn.close()]);
+      }
+    } finally {
+      server.kill('SIGTERM');
+    }
   });
 });
 

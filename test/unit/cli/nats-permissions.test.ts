@@ -30,6 +30,15 @@ describe('sandboxctl nats-permissions', () => {
     expect(nsc.out).not.toMatch(/"\$/);
   });
 
+  it('prints the chart user entry as JSON (nats.server.authorization.users), and needs --nkey for it', async () => {
+    const key = `U${'A'.repeat(55)}`;
+    const r = await run('nats-permissions', 'host-a', '--nkey', key, '--chart-user');
+    expect(r.code).toBe(0);
+    const p = hostPermissions('host-a');
+    expect(JSON.parse(r.out)).toEqual({ nkey: key, permissions: { publish: { allow: p.publish }, subscribe: { allow: p.subscribe }, allow_responses: true } });
+    expect((await run('nats-permissions', 'host-a', '--chart-user')).code).toBe(2);
+  });
+
   it('refuses a bad host id or nkey with a usage error', async () => {
     expect((await run('nats-permissions', 'bad host')).code).toBe(2);
     expect((await run('nats-permissions', 'host-a', '--nkey', 'SUAAAA')).code).toBe(2);
