@@ -15,62 +15,39 @@
 // Member containers use the host network (loopback only) so the CLI reaches the fake.
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ApiServer } from '../../../src/api/runner-server.ts';
-import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
-import { DockerRuntime } from '../../../src/docker/runtime.ts';
 import { ContextState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { BeginTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
-import { RunnerClient, RunnerError, completeTurnEvidence, createClaudeCodeDetector, driveDetector, type TurnEndEvidence } from '../../../src/runner-sdk/index.ts';
-import { createTestPki, type TestPki } from '../../support/certs.ts';
+import { RunnerError, completeTurnEvidence, createClaudeCodeDetector, driveDetector, type TurnEndEvidence } from '../../../src/runner-sdk/index.ts';
 import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles } from '../../support/claude-code.ts';
-import { ackMarker, history, promptRequest, startFakeModelApi, type FakeModelApi, type RecordedRequest } from '../../support/fake-model-api.ts';
-import { startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
+import { history, promptRequest, type RecordedRequest } from '../../support/fake-model-api.ts';
+import { startHistoryFleet, type HistoryFleet } from './history-fleet.ts';
 
-let fleet: Fleet;
-let plane: ControlPlane;
-let pki: TestPki;
-let server: ApiServer;
-let runner: RunnerClient;
-let api: FakeModelApi;
+let h: HistoryFleet;
 let groupId = '';
 
-const AGENT = { memberNetworkMode: 'host' };
-
 beforeAll(async () => {
-  // The model answers every prompt with a fixed acknowledgement of its marker word.
-  api = await startFakeModelApi(ackMarker);
-  [fleet, pki] = await Promise.all([startFleet(2, {}, { image: { bridgeVersion: 4, extraFiles: claudeCodeImageFiles(), tagSuffix: `claude-code-${CLAUDE_CODE_VERSION}` } }), createTestPki()]);
-  plane = await fleet.startPlane();
-  await fleet.startAgentOn('host-a', 0, AGENT);
-  await fleet.waitFor('host-a READY', async () => ((await fleet.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
-  server = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
-  runner = new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key }, deadlineMs: 120_000 });
-}, 300_000);
+  h = await startHistoryFleet({ bridgeVersion: 4, extraFiles: claudeCodeImageFiles(), tagSuffix: `claude-code-${CLAUDE_CODE_VERSION}` });
+}, 600_000);
 
 afterAll(async () => {
-  runner?.close();
-  await server?.shutdown(1_000);
-  await fleet?.cleanup();
-  await pki?.cleanup();
-  await api?.close();
+  await h?.cleanup();
 });
 
 /** One turn as a runner drives it: begin, run the CLI (resuming the locator it was given), detect the end, complete. */
 async function turn(marker: string): Promise<{ begun: BeginTurnResponse; evidence: TurnEndEvidence; requests: RecordedRequest[] }> {
-  const begun = await runner.beginTurn({ groupId, memberId: 'claude' });
-  const before = api.requests.length;
-  const host = fleet.hosts.find((h) => h.name === begun.hostId)!;
+  const begun = await h.runner.beginTurn({ groupId, memberId: 'claude' });
+  const before = h.api.requests.length;
   const args = ['-p', `Please remember ${marker}.`, '--output-format', 'stream-json', '--verbose', ...(begun.locator !== '' ? ['--resume', begun.locator] : [])];
-  const run = await new DockerRuntime(host.docker).exec(begun.containerId, [CLAUDE_PATH, ...args], { env: claudeCodeEnv(api.url), timeoutMs: 120_000, maxOutputBytes: 8 * 1024 * 1024 });
+  const run = await h.runtimeOf(begun.hostId).exec(begun.containerId, [CLAUDE_PATH, ...args], { env: claudeCodeEnv(h.api.url), timeoutMs: 120_000, maxOutputBytes: 8 * 1024 * 1024 });
   const detector = createClaudeCodeDetector(begun.locator !== '' ? { expectedLocator: begun.locator } : {});
   const { evidence } = await driveDetector(Readable.from([run.stdout]), detector);
-  await runner.completeTurn({ groupId, memberId: 'claude', turnId: begun.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: run.exitCode }) });
-  return { begun, evidence, requests: api.requests.slice(before) };
+  await h.runner.completeTurn({ groupId, memberId: 'claude', turnId: begun.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: run.exitCode }) });
+  return { begun, evidence, requests: h.api.requests.slice(before) };
 }
 
 describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API`, () => {
   it('NEW, then a follow-up that sends the history once', async () => {
-    const opened = await runner.openGroup({ conversationId: 'history-claude', members: [{ memberId: 'claude', cli: 'claude-code' }] });
+    const opened = await h.runner.openGroup({ conversationId: 'history-claude', members: [{ memberId: 'claude', cli: 'claude-code' }] });
     groupId = opened.group?.groupId ?? '';
     const t1 = await turn('MARK-ONE');
     expect(t1.begun.contextState).toBe(ContextState.NEW);
@@ -86,7 +63,7 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
   });
 
   it('close immediately, then resume: RESTORED with the whole history', async () => {
-    const stopped = await runner.stopGroup({ groupId });
+    const stopped = await h.runner.stopGroup({ groupId });
     expect(stopped.outcome).toBe(StopOutcome.CLEAN);
     expect(stopped.checkpointId).not.toBe('');
     const t3 = await turn('MARK-THREE');
@@ -95,16 +72,8 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
   });
 
   it('after a drain moves the writable layer to another host, the resumed CLI there sends the same history under the same session id', async () => {
-    const locator = (await runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
-    await runner.stopGroup({ groupId });
-    await fleet.startAgentOn('host-b', 1, AGENT);
-    await fleet.waitFor('host-b READY', async () => ((await fleet.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
-    expect(await plane.drainHost('host-a')).toBe(true);
-    await fleet.waitFor('group moved to host-b', async () => {
-      const g = await fleet.group(groupId);
-      if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
-      return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? true : undefined;
-    }, 120_000);
+    const locator = (await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
+    await h.drainToHostB(groupId);
     const t4 = await turn('MARK-FOUR');
     expect(t4.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator });
     expect(t4.evidence.observedLocator).toBe(locator);
@@ -114,7 +83,7 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
   });
 
   it('a failed model call the CLI retries ends the turn at api_retry, keeps the session, and the next turn carries no duplicates', async () => {
-    api.failNext(1, 500);
+    h.api.failNext(1, 500);
     const t5 = await turn('MARK-FIVE');
     expect(t5.evidence).toMatchObject({ nativeTurnEnded: true, endKind: 'api_retry', processWillExit: true });
     const locator = t5.begun.locator;
@@ -127,10 +96,10 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
   });
 
   it('refuses a locator change at begin and keeps the saved one', async () => {
-    const saved = (await runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
-    const refused = await runner.beginTurn({ groupId, memberId: 'claude', locator: '00000000-0000-4000-8000-000000000000' }).then(() => undefined, (e: unknown) => e);
+    const saved = (await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
+    const refused = await h.runner.beginTurn({ groupId, memberId: 'claude', locator: '00000000-0000-4000-8000-000000000000' }).then(() => undefined, (e: unknown) => e);
     expect(refused).toBeInstanceOf(RunnerError);
     expect((refused as RunnerError).reason).toBe('locator_mismatch');
-    expect((await runner.getGroupState({ groupId })).group?.members[0]?.savedLocator).toBe(saved);
+    expect((await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator).toBe(saved);
   });
 });

@@ -13,64 +13,44 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ApiServer } from '../../../src/api/runner-server.ts';
-import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
-import { DockerRuntime } from '../../../src/docker/runtime.ts';
 import { ContextState } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { BeginTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
-import { RunnerClient, completeTurnEvidence, createPiDetector, driveDetector, type TurnEndEvidence } from '../../../src/runner-sdk/index.ts';
-import { createTestPki, type TestPki } from '../../support/certs.ts';
-import { ackMarker, history, promptRequest, startFakeModelApi, type FakeModelApi, type RecordedRequest } from '../../support/fake-model-api.ts';
+import { completeTurnEvidence, createPiDetector, driveDetector, type TurnEndEvidence } from '../../../src/runner-sdk/index.ts';
+import { history, promptRequest, type RecordedRequest } from '../../support/fake-model-api.ts';
 import { PI_PATH, PI_VERSION, piImageContent, piModelsJson } from '../../support/pi-cli.ts';
-import { startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
+import { startHistoryFleet, type HistoryFleet } from './history-fleet.ts';
 
-let fleet: Fleet;
-let plane: ControlPlane;
-let pki: TestPki;
-let server: ApiServer;
-let runner: RunnerClient;
-let api: FakeModelApi;
+let h: HistoryFleet;
 let groupId = '';
 const launcherDir = mkdtempSync(join(tmpdir(), 'sf-pi-launcher-'));
-const AGENT = { memberNetworkMode: 'host' };
 
 beforeAll(async () => {
-  api = await startFakeModelApi(ackMarker);
   const content = piImageContent(launcherDir);
-  [fleet, pki] = await Promise.all([startFleet(2, {}, { image: { bridgeVersion: 4, extraFiles: content.files, extraTrees: content.trees, tagSuffix: `pi-${PI_VERSION}` } }), createTestPki()]);
-  plane = await fleet.startPlane();
-  await fleet.startAgentOn('host-a', 0, AGENT);
-  await fleet.waitFor('host-a READY', async () => ((await fleet.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
-  server = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
-  runner = new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key }, deadlineMs: 120_000 });
+  h = await startHistoryFleet({ bridgeVersion: 4, extraFiles: content.files, extraTrees: content.trees, tagSuffix: `pi-${PI_VERSION}` });
 }, 600_000);
 
 afterAll(async () => {
-  runner?.close();
-  await server?.shutdown(1_000);
-  await fleet?.cleanup();
-  await pki?.cleanup();
-  await api?.close();
+  await h?.cleanup();
   rmSync(launcherDir, { recursive: true, force: true });
 });
 
 /** One turn as a runner drives Pi: begin, point Pi at the fake, run it (resuming the locator), detect the end, complete. */
 async function turn(marker: string): Promise<{ begun: BeginTurnResponse; evidence: TurnEndEvidence; requests: RecordedRequest[] }> {
-  const begun = await runner.beginTurn({ groupId, memberId: 'pi' });
-  const before = api.requests.length;
-  const rt = new DockerRuntime(fleet.hosts.find((h) => h.name === begun.hostId)!.docker);
-  const setup = await rt.exec(begun.containerId, ['/bin/sh', '-c', 'mkdir -p /root/.pi/agent && printf "%s" "$1" > /root/.pi/agent/models.json', 'sh', piModelsJson(api.url)]);
+  const begun = await h.runner.beginTurn({ groupId, memberId: 'pi' });
+  const before = h.api.requests.length;
+  const rt = h.runtimeOf(begun.hostId);
+  const setup = await rt.exec(begun.containerId, ['/bin/sh', '-c', 'mkdir -p /root/.pi/agent && printf "%s" "$1" > /root/.pi/agent/models.json', 'sh', piModelsJson(h.api.url)]);
   expect(setup.exitCode, setup.stderr).toBe(0);
   const args = ['--mode', 'json', '-p', '--provider', 'fake', '--model', 'fake-model', ...(begun.locator !== '' ? ['--session', begun.locator] : []), `Please remember ${marker}.`];
   const run = await rt.exec(begun.containerId, [PI_PATH, ...args], { env: { HOME: '/root' }, timeoutMs: 120_000, maxOutputBytes: 8 * 1024 * 1024 });
   const { evidence } = await driveDetector(Readable.from([run.stdout]), createPiDetector(begun.locator !== '' ? { expectedLocator: begun.locator } : {}));
-  await runner.completeTurn({ groupId, memberId: 'pi', turnId: begun.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: run.exitCode }) });
-  return { begun, evidence, requests: api.requests.slice(before) };
+  await h.runner.completeTurn({ groupId, memberId: 'pi', turnId: begun.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: run.exitCode }) });
+  return { begun, evidence, requests: h.api.requests.slice(before) };
 }
 
 describe(`pinned Pi ${PI_VERSION} against a loopback model API`, () => {
   it('NEW, then a resumed follow-up that sends the history once', async () => {
-    const opened = await runner.openGroup({ conversationId: 'history-pi', members: [{ memberId: 'pi', cli: 'pi' }] });
+    const opened = await h.runner.openGroup({ conversationId: 'history-pi', members: [{ memberId: 'pi', cli: 'pi' }] });
     groupId = opened.group?.groupId ?? '';
     const t1 = await turn('MARK-ONE');
     expect(t1.begun.contextState).toBe(ContextState.NEW);
@@ -84,16 +64,8 @@ describe(`pinned Pi ${PI_VERSION} against a loopback model API`, () => {
   });
 
   it('after a drain moves the writable layer to another host, the resumed Pi there sends the same history under the same session id', async () => {
-    const locator = (await runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
-    await runner.stopGroup({ groupId });
-    await fleet.startAgentOn('host-b', 1, AGENT);
-    await fleet.waitFor('host-b READY', async () => ((await fleet.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
-    expect(await plane.drainHost('host-a')).toBe(true);
-    await fleet.waitFor('group moved to host-b', async () => {
-      const g = await fleet.group(groupId);
-      if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
-      return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? true : undefined;
-    }, 120_000);
+    const locator = (await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
+    await h.drainToHostB(groupId);
     const t3 = await turn('MARK-THREE');
     expect(t3.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator });
     expect(t3.evidence.observedLocator).toBe(locator);
@@ -101,12 +73,12 @@ describe(`pinned Pi ${PI_VERSION} against a loopback model API`, () => {
   });
 
   it('a model API that keeps failing is a failed turn (never an empty success), and the session is kept', async () => {
-    api.failNext(20, 500);
+    h.api.failNext(20, 500);
     const t4 = await turn('MARK-FOUR');
-    api.failNext(0, 500);
+    h.api.failNext(0, 500);
     expect(t4.evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false });
     expect(t4.evidence.error ?? '').not.toBe('');
-    const state = await runner.getGroupState({ groupId });
+    const state = await h.runner.getGroupState({ groupId });
     expect(state.group?.members[0]?.savedLocator).toBe(t4.begun.locator);
   });
 });

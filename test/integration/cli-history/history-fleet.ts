@@ -1,0 +1,74 @@
+// Shared set-up of the pinned-CLI request-history tests: a real fleet (NATS, two dockerd hosts, the
+// control plane) whose sandbox image carries the CLI, host-a's agent running with host networking
+// (the CLIs reach the loopback fake model API), the runner gRPC API over mTLS with a runner SDK
+// client, and the fake. host-b's agent is started by `drainToHostB`, the migration step.
+import { expect } from 'vitest';
+import { ApiServer } from '../../../src/api/runner-server.ts';
+import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { DockerRuntime } from '../../../src/docker/runtime.ts';
+import { RunnerClient } from '../../../src/runner-sdk/index.ts';
+import { createTestPki, type TestPki } from '../../support/certs.ts';
+import { ackMarker, startFakeModelApi, type FakeModelApi } from '../../support/fake-model-api.ts';
+import type { SandboxImageSpec } from '../../support/sandbox-image.ts';
+import { startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
+
+const AGENT = { memberNetworkMode: 'host' };
+
+export interface HistoryFleet {
+  readonly fleet: Fleet;
+  readonly plane: ControlPlane;
+  readonly runner: RunnerClient;
+  readonly api: FakeModelApi;
+  /** The Docker runtime of the host a member runs on. */
+  runtimeOf(hostId: string): DockerRuntime;
+  /** Stop the group, start host-b, drain host-a, and wait until the group is STOPPED on host-b. */
+  drainToHostB(groupId: string): Promise<void>;
+  cleanup(): Promise<void>;
+}
+
+export async function startHistoryFleet(image: SandboxImageSpec): Promise<HistoryFleet> {
+  const api = await startFakeModelApi(ackMarker);
+  let fleet: Fleet | undefined;
+  let pki: TestPki | undefined;
+  let server: ApiServer | undefined;
+  let runner: RunnerClient | undefined;
+  const cleanup = async (): Promise<void> => {
+    runner?.close();
+    await server?.shutdown(1_000);
+    await fleet?.cleanup();
+    await pki?.cleanup();
+    await api.close();
+  };
+  try {
+    [fleet, pki] = await Promise.all([startFleet(2, {}, { image }), createTestPki()]);
+    const f = fleet;
+    const plane = await f.startPlane();
+    await f.startAgentOn('host-a', 0, AGENT);
+    await f.waitFor('host-a READY', async () => ((await f.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
+    server = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
+    const client = new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key }, deadlineMs: 120_000 });
+    runner = client;
+    return {
+      fleet: f,
+      plane,
+      runner: client,
+      api,
+      runtimeOf: (hostId) => new DockerRuntime(f.hosts.find((h) => h.name === hostId)!.docker),
+      async drainToHostB(groupId) {
+        await client.stopGroup({ groupId });
+        await f.startAgentOn('host-b', 1, AGENT);
+        await f.waitFor('host-b READY', async () => ((await f.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
+        expect(await plane.drainHost('host-a')).toBe(true);
+        await f.waitFor('group moved to host-b', async () => {
+          const g = await f.group(groupId);
+          if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
+          return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? true : undefined;
+        }, 120_000);
+      },
+      cleanup,
+    };
+  } catch (err) {
+    await cleanup();
+    throw err;
+  }
+}
