@@ -95,11 +95,30 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
   const hostIds = Array.from({ length: hostCount }, (_, i) => dockerHostName(i));
   const credsDir = options.auth ? await mkdtemp(join(tmpdir(), 'sf-creds-')) : undefined;
   const creds = credsDir !== undefined ? await fleetCredentials(credsDir, hostIds) : undefined;
-  const [nats, hosts] = await Promise.all([startTestNats(creds !== undefined ? { users: creds.users } : {}), startDockerHosts(hostCount)]);
-  const image = await provisionSandboxImage(hosts.map((h) => h.docker), options.image ?? { bridgeVersion: 4 });
-  const nc = await nats.connect('control-plane', creds !== undefined ? { credsFile: creds.controlPlane } : undefined);
-  const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
-  const chunks = await ChunkStore.open(nc);
+  const [natsResult, hostsResult] = await Promise.allSettled([startTestNats(creds !== undefined ? { users: creds.users } : {}), startDockerHosts(hostCount)]);
+  // A set-up that fails half way stops what it started (a leaked nats-server or dockerd outlives the test run).
+  const abandon = async (err: unknown): Promise<never> => {
+    if (natsResult.status === 'fulfilled') await natsResult.value.cleanup().catch(() => undefined);
+    if (hostsResult.status === 'fulfilled') await destroyAll(hostsResult.value).catch(() => undefined);
+    if (credsDir !== undefined) await rm(credsDir, { recursive: true, force: true });
+    throw err;
+  };
+  if (natsResult.status === 'rejected') return abandon(natsResult.reason);
+  if (hostsResult.status === 'rejected') return abandon(hostsResult.reason);
+  const nats = natsResult.value;
+  const hosts = hostsResult.value;
+  let image: SandboxImage;
+  let nc: NatsConnection;
+  let store: StateStore<ControlPlaneBuckets>;
+  let chunks: ChunkStore;
+  try {
+    image = await provisionSandboxImage(hosts.map((h) => h.docker), options.image ?? { bridgeVersion: 4 });
+    nc = await nats.connect('control-plane', creds !== undefined ? { credsFile: creds.controlPlane } : undefined);
+    store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
+    chunks = await ChunkStore.open(nc);
+  } catch (err) {
+    return abandon(err);
+  }
   const config = ControlPlaneConfigSchema.parse({ ...FAST_CONFIG, allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId], ...configOverrides });
   const agents = new Map<string, InProcessAgent>();
   const hostIndex = new Map<string, number>();
