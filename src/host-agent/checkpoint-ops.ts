@@ -33,7 +33,7 @@ import { discoverSessionFiles } from './session-discovery.ts';
 import { NATIVE_SESSION_LAYOUTS, SESSION_HOMES } from '../core/native-session-layout.ts';
 import type { CliKind } from '../core/turn-end-evidence.ts';
 import { isoToMs } from './wire.ts';
-import { cliKindName } from '../wire/cli-kind.ts';
+import { cliKindName, coreCliKind } from '../wire/cli-kind.ts';
 
 export interface CheckpointOpsDeps {
   readonly runtime: DockerRuntime;
@@ -133,18 +133,17 @@ export class CheckpointOps {
     // Verify before emitting (R-G3 "freeze → verify → emit"): every member's native session is in
     // its layer, found by its CLI's layout and proven to carry the saved locator; otherwise the
     // checkpoint could never restore the session, so none is made.
-    const sessionPaths = new Map<string, string[]>();
+    const prepared = [];
     for (const spec of cmd.members) {
       const c = containers.get(spec.memberId)!;
       const kind = cliKindName(spec.kind);
-      if (kind === undefined) throw refused('invalid_argument', `member ${spec.memberId}: unknown CLI kind ${spec.kind}`);
+      const core = coreCliKind(spec.kind);
+      if (kind === undefined || core === undefined) throw refused('invalid_argument', `member ${spec.memberId}: unknown CLI kind ${spec.kind}`);
       if (c.member?.cliKind !== kind) throw refused('member_mismatch', `member ${spec.memberId} runs ${c.member?.cliKind}, command says ${kind}`);
-      sessionPaths.set(spec.memberId, await this.#sessionFiles(spec.memberId, kind.replaceAll('-', '_') as CliKind, spec.savedLocator, spec.nativeSessionPaths, await runtime.upperDir(c.id)));
-    }
-    for (const spec of cmd.members) {
-      const c = containers.get(spec.memberId)!;
-      const kind = cliKindName(spec.kind)!;
       const upper = await runtime.upperDir(c.id);
+      prepared.push({ spec, kind, upper, sessionPaths: await this.#sessionFiles(spec.memberId, core, spec.savedLocator, spec.nativeSessionPaths, upper) });
+    }
+    for (const { spec, kind, upper, sessionPaths } of prepared) {
       const t0 = this.deps.nowMs();
       const stored = await storeLayer(upper, store, this.deps.workerConnection ? { publishWorker: this.deps.workerConnection } : {}).catch((err: unknown) => {
         throw failed(err instanceof LayerRuleError ? 'layer_refused' : 'capture_failed', `capture of member ${spec.memberId}: ${(err as Error).message}`, err);
@@ -157,7 +156,7 @@ export class CheckpointOps {
         memberId: spec.memberId,
         cliKind: kind,
         savedLocator: spec.savedLocator === '' ? null : spec.savedLocator,
-        nativeSessionPaths: sessionPaths.get(spec.memberId) ?? [],
+        nativeSessionPaths: sessionPaths,
         layer: stored.layer,
       });
     }
