@@ -15,7 +15,8 @@ export async function oneTurn(cliStdout: Readable): Promise<void> {
   const turn = await fleet.beginTurn({ groupId: group!.groupId, memberId: 'claude' }); // NEW | LIVE | RESTORED, or throws (LOST)
   // run `claude -p … --output-format stream-json --verbose [--resume turn.locator]` in the member container:
   const { evidence } = await driveDetector(cliStdout, createDetector('claude-code', { expectedLocator: turn.locator }));
-  await fleet.completeTurn({ groupId: group!.groupId, memberId: 'claude', turnId: turn.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true }) });
+  await fleet.completeTurn({ groupId: group!.groupId, memberId: 'claude', turnId: turn.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true /* the exec returned */ }) });
+  // turn.slotReclaimed: the container was restarted first (an earlier process's exit was never confirmed, R-S6)
   // refusals throw RunnerError with a machine-readable reason: locator_mismatch, turn_in_flight, context_lost, …
   /* README:end */
 }

@@ -4,13 +4,14 @@
 // API (runner + admin services, R-I1; mTLS or loopback-only plaintext, R-R5), /healthz, /readyz and
 // /metrics, and shut down gracefully on SIGINT/SIGTERM: stop accepting gRPC and let calls in flight
 // finish, stop the loops and resign leadership, then drain NATS and stop the embedded nats-server.
-import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { hostname } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { createAdminHandlers } from '../../src/api/admin-handlers.ts';
 import { roleCasFrom } from '../../src/api/peer-identity.ts';
 import { ApiServer, type TransportSecurity } from '../../src/api/runner-server.ts';
+import { BUILD_SHA_ENV, resolveBuildSha } from '../../src/config/build-sha.ts';
 import { grpcSecurityProblem, loadControlPlaneConfig, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
 import { LeaseElector } from '../../src/kube/lease-elector.ts';
 import { NodeWatcher, loadKubeConfig } from '../../src/kube/node-watcher.ts';
@@ -23,15 +24,8 @@ import { connectNats, StateStore } from '../../src/store/connection.ts';
 import { LocalNatsServer } from '../../src/store/local-nats-server.ts';
 import { API_SHA } from '../../src/gen/api-sha.ts';
 
-/** This build's git SHA (the default allowed agent SHA): baked in via env, else read from git. */
-function buildSha(): string | undefined {
-  if (process.env.SANDBOXFLEET_BUILD_SHA) return process.env.SANDBOXFLEET_BUILD_SHA;
-  try {
-    return execFileSync('git', ['rev-parse', 'HEAD'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-  } catch {
-    return undefined;
-  }
-}
+/** The repository root (a dev checkout's git HEAD is the build SHA when none is baked in). */
+const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
 /**
  * The gRPC transport from config (already validated by grpcSecurityProblem): mTLS with the server
@@ -60,7 +54,11 @@ async function main(): Promise<void> {
   const config = loadControlPlaneConfig();
   const insecure = grpcSecurityProblem(config);
   if (insecure !== undefined) throw new Error(`invalid control-plane configuration: ${insecure}`);
+  // This build's exact SHA (R-H7; the default allowed agent SHA): baked into release images, else
+  // the dev checkout's HEAD; neither refuses to start (src/config/build-sha.ts).
+  const build = resolveBuildSha(process.env, [BUILD_SHA_ENV], REPO_ROOT);
   const logger = createLogger({ name: 'control-plane', level: config.logLevel });
+  logger.info({ buildSha: build.sha, source: build.source, apiSha: API_SHA }, 'build identity');
   // Read the TLS material before anything starts: a missing file fails start-up, not the first call.
   const security = transportSecurity(config);
   const metrics = new FleetMetrics(undefined, { defaultMetrics: true });
@@ -95,7 +93,7 @@ async function main(): Promise<void> {
   const elector = config.leaderElection === 'kubernetes-lease'
     ? new LeaseElector({ kubeConfig: loadKubeConfig(config.kubernetesNodes.startsWith('/') ? { kubeconfig: config.kubernetesNodes } : 'in-cluster'), namespace: config.leaseNamespace, name: config.leaseName, identity: replicaId, leaseDurationSeconds: config.leaseDurationSeconds, logger: logger.child({ component: 'leader' }) })
     : undefined;
-  const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: buildSha(), replicaId, ...(elector !== undefined ? { elector } : {}) });
+  const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: build.sha, replicaId, ...(elector !== undefined ? { elector } : {}) });
   plane.start();
   // R-H5/R-I6: Nodes that are going away drain their hosts (the leader acts; see src/kube).
   const nodes = config.kubernetesNodes === 'off' ? undefined : new NodeWatcher({

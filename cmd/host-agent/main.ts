@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import Docker from 'dockerode';
 import { DockerRuntime } from '../../src/docker/runtime.ts';
 import { HostAgent } from '../../src/host-agent/agent.ts';
-import { devCheckoutSha } from '../../src/host-agent/build-info.ts';
+import { agentBuildSha } from '../../src/host-agent/build-info.ts';
 import { loadHostAgentConfig, natsAuthOf } from '../../src/host-agent/config.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
@@ -16,8 +16,12 @@ import { connectNats } from '../../src/store/connection.ts';
 
 async function main(): Promise<void> {
   const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-  const config = loadHostAgentConfig(process.env, process.env.SANDBOXFLEET_AGENT_SHA ? undefined : (devCheckoutSha(repoRoot) ?? 'unknown'));
+  // R-H1: the exact build SHA (explicit, baked into the image, or the dev checkout's HEAD); with
+  // none the agent refuses to start rather than register as "unknown" (build-info.ts).
+  const build = agentBuildSha(process.env, repoRoot);
+  const config = loadHostAgentConfig({ ...process.env, SANDBOXFLEET_AGENT_SHA: build.sha });
   const logger = createLogger({ name: 'host-agent', level: config.logLevel });
+  logger.info({ agentSha: build.sha, source: build.source }, 'build identity');
   const metrics = new FleetMetrics(undefined, { defaultMetrics: true });
   const nc = await connectNats({ servers: config.natsUrl.split(','), name: `host-agent/${config.hostId}`, logger, waitOnFirstConnect: true, auth: natsAuthOf(config) });
   const runtime = new DockerRuntime(new Docker({ socketPath: config.dockerSocket }));

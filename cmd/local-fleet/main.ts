@@ -120,7 +120,7 @@ async function main(): Promise<void> {
   console.log(`logs             ${logDir}`);
   console.log(`metrics          http://127.0.0.1:${process.env.SANDBOXFLEET_HTTP_PORT ?? '9464'}/metrics`);
   console.log(`gRPC             127.0.0.1:${GRPC_PORT} (plaintext, loopback only: local dev mode)`);
-  console.log(`operate it with  node --import tsx cmd/sandboxctl/main.ts --insecure -s 127.0.0.1:${GRPC_PORT} hosts   (verify, drain HOST, events -f, ...)\n`);
+  console.log(`operate it with  cmd/sandboxctl/sandboxctl.mjs --insecure -s 127.0.0.1:${GRPC_PORT} hosts   (verify, drain HOST, events -f, ...)\n`);
 
   // Status table, read straight from the state store.
   const nc = await connectNats({ servers: nats.url, name: 'local-fleet-status', waitOnFirstConnect: true, auth: { credsFile: controlPlaneCreds } });

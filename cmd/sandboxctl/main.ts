@@ -1,5 +1,5 @@
 // `sandboxctl` (R-I7): the operator CLI over the control plane's AdminService. Installed as
-// `kubectl-sandbox` too (see ./kubectl-sandbox), so `kubectl sandbox hosts` works as a plugin.
+// `kubectl-sandbox` too (a symlink to ./sandboxctl.mjs, the launcher), so `kubectl sandbox hosts` works as a plugin.
 // Exit codes: 0 success, 1 failed call or failed verification, 2 usage error.
 import { runCli } from '../../src/cli/commands.ts';
 

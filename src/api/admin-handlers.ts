@@ -159,13 +159,13 @@ export function createAdminHandlers(plane: Pick<ControlPlane, 'admin' | 'ctx'>):
     },
     async drainHost(req) {
       parseIdempotencyKey(req.idempotencyKey);
-      optionalText(req.reason, 'reason', MAX_REASON);
-      return { host: hostToProto(await admin.drainHost(must(parseHostId(req.hostId, 'host_id')))) };
+      const reason = optionalText(req.reason, 'reason', MAX_REASON);
+      return { host: hostToProto(await admin.drainHost(must(parseHostId(req.hostId, 'host_id')), 'operator_drain', reason)) };
     },
     async removeHost(req) {
       parseIdempotencyKey(req.idempotencyKey);
-      optionalText(req.reason, 'reason', MAX_REASON);
-      return { host: hostToProto(await admin.removeHost(must(parseHostId(req.hostId, 'host_id')), req.force)) };
+      const reason = optionalText(req.reason, 'reason', MAX_REASON);
+      return { host: hostToProto(await admin.removeHost(must(parseHostId(req.hostId, 'host_id')), req.force, reason)) };
     },
     async listGroups(req) {
       const state = enumFilter(GROUP_STATE_FROM_PROTO, req.state, GroupState.UNSPECIFIED, 'state');

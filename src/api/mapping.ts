@@ -298,6 +298,7 @@ export function beginTurnToProto(v: BeginTurnView): BeginTurnResponse {
     placementGeneration: v.generation,
     containerId: v.containerId,
     startedAtUnixMs: v.startedAtMs,
+    slotReclaimed: v.slotReclaimed ?? false,
   };
 }
 

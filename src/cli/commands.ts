@@ -118,13 +118,18 @@ function checkpointRows(cps: readonly CheckpointInfo[], now: number): string[][]
   ]);
 }
 
+/** A value printed in full ('-' when empty): R-H7 asks for the exact SHA, and a prefix can hide a mismatch. */
+const exact = (v: string) => (v === '' ? '-' : v);
+
 function verifyRows(hosts: readonly HostVerification[]): string[][] {
   const mark = (ok: boolean, v: string) => `${v}${ok ? '' : ' ✗'}`;
   return hosts.map((h) => [
     h.hostId,
     hostState(h.state),
-    mark(h.agentBuildShaOk, short(h.agentBuildSha)),
-    mark(h.apiShaOk, short(h.apiSha)),
+    mark(h.agentBuildShaOk, exact(h.agentBuildSha)),
+    mark(h.apiShaOk, exact(h.apiSha)),
+    // The image id (not a build SHA) stays short: a refused one is named in full in the mismatch
+    // lines printed under the table.
     mark(h.imageDigestOk, short(h.imageDigest)),
     mark(h.bridgeVersionOk, h.bridgeVersion === 0 ? '-' : String(h.bridgeVersion)),
     h.probe?.ok ? `ok ${h.probe.roundTripMs}ms (cb ${h.probe.callbackRoundTripMs}ms via ${h.probe.answeredBy})` : `FAILED${h.probe?.error ? `: ${h.probe.error}` : ''}`,
@@ -294,8 +299,12 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     .action(async (hosts: string[], opts: { probeTimeout: number }, cmd: Command) => withClient(cmd, async (client, g, t) => {
       const res = await call(client, client.verify, { hostIds: hosts, probeTimeoutMs: opts.probeTimeout }, t, Math.max(t, opts.probeTimeout * 2 + 5_000));
       print(g, VerifyResponse.toJSON(res), () => {
+        // Exact SHAs (R-H7), one per line so they compare by eye with the table below.
         const lines = [
-          `control plane ${res.controlPlaneReplica} build ${short(res.controlPlaneBuildSha)}; expected api sha ${short(res.expectedApiSha)}, bridge ${res.expectedBridgeVersion}, agent shas ${res.allowedAgentBuildShas.map((s) => short(s)).join(',') || '-'}`,
+          `control plane:      ${res.controlPlaneReplica} build ${exact(res.controlPlaneBuildSha)}`,
+          `expected api sha:   ${exact(res.expectedApiSha)}`,
+          `allowed agent shas: ${res.allowedAgentBuildShas.join(',') || '-'}`,
+          `expected bridge:    ${res.expectedBridgeVersion}`,
           '',
           table(['HOST', 'STATE', 'AGENT-SHA', 'API-SHA', 'IMAGE', 'BRIDGE', 'REVERSE-PROBE', 'HEARTBEAT', 'RESULT'], verifyRows(res.hosts)),
         ];

@@ -75,6 +75,15 @@ export const ControlPlaneConfigSchema = z.object({
   stopGraceMs: durationMs(100, 600_000).default(10_000),
   /** R-G4: a checkpoint older than this is stale. */
   checkpointMaxAgeMs: durationMs(1_000, 30 * 24 * 3_600_000).default(24 * 3_600_000),
+  /**
+   * R-G4/R-G6: a group that stays cleanly STOPPED keeps its checkpoint, which would age past the
+   * maximum and leave the group LOST `stale_checkpoint` on a host loss. Its checkpoint is retaken
+   * (incremental: only the manifest and changed chunks are new) once older than this fraction of
+   * `checkpointMaxAgeMs`; 0 turns refreshing off.
+   */
+  checkpointRefreshFraction: z.coerce.number().min(0).max(0.9).default(0.5),
+  /** Checkpoint refreshes started per retention pass (each reads its group's layers on the host). */
+  checkpointRefreshPerPass: z.coerce.number().int().min(1).max(64).default(4),
   /** R-G7: valid checkpoints kept per group. */
   checkpointKeep: z.coerce.number().int().min(1).max(100).default(2),
   /** R-G5: restore attempts (each on another host) before LOST restore_failed. */
@@ -151,6 +160,8 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     evacuationDeadlineMs: env.SANDBOXFLEET_EVACUATION_DEADLINE_MS,
     stopGraceMs: env.SANDBOXFLEET_STOP_GRACE_MS,
     checkpointMaxAgeMs: env.SANDBOXFLEET_CHECKPOINT_MAX_AGE_MS,
+    checkpointRefreshFraction: env.SANDBOXFLEET_CHECKPOINT_REFRESH_FRACTION,
+    checkpointRefreshPerPass: env.SANDBOXFLEET_CHECKPOINT_REFRESH_PER_PASS,
     checkpointKeep: env.SANDBOXFLEET_CHECKPOINT_KEEP,
     restoreMaxAttempts: env.SANDBOXFLEET_RESTORE_MAX_ATTEMPTS,
     migrationParallelism: env.SANDBOXFLEET_MIGRATION_PARALLELISM,

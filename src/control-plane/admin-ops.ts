@@ -14,6 +14,7 @@ import { HostState } from '../gen/sandboxfleet/v1/common.ts';
 import { MAX_READ_LIMIT, type SequencedEvent } from '../store/event-log.ts';
 import type { StateStore } from '../store/connection.ts';
 import { AgentCommandFailed } from './agent-client.ts';
+import { eventSubjectToken } from './events.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
 import { readManifest, verifyCheckpoint } from './checkpoints.ts';
 import { candidates, describeError, isTerminal, listGroups, listHosts } from './fleet.ts';
@@ -82,11 +83,23 @@ const VERIFY_PARALLELISM = 8;
 const MAX_VERIFY_HOSTS = 1000;
 
 /**
- * Event subject ids as EventRecorder files them (events.ts): characters outside the subject-token
- * set become '~', so a host id with dots is found under the same token it was recorded with.
+ * Event subject ids as EventRecorder files them: one function (events.ts), so a host id with dots,
+ * or one longer than a token may be, is found under the same token it was recorded with.
  */
-export function eventSubjectToken(id: string): string {
-  return id.replace(/[^A-Za-z0-9_:=@+-]/g, '~');
+export { eventSubjectToken } from './events.ts';
+
+/** Longest operator reason kept (the API refuses longer ones; this bounds other callers too). */
+export const MAX_OPERATOR_REASON = 256;
+
+/**
+ * The event detail carrying an operator's free-text reason (`sandboxctl drain|remove --reason`),
+ * or none when it is empty. Control characters become spaces so `sandboxctl events` prints one
+ * line per event whatever was typed.
+ */
+function operatorDetail(reason: string): Record<string, string> | undefined {
+  // eslint-disable-next-line no-control-regex
+  const text = reason.replace(/[\u0000-\u001f\u007f]/g, ' ').trim().slice(0, MAX_OPERATOR_REASON);
+  return text === '' ? undefined : { operator_reason: text };
 }
 
 export class AdminOps {
@@ -131,14 +144,18 @@ export class AdminOps {
     };
   }
 
-  /** R-H5 operator drain: idempotent (draining an already draining host answers its state). */
-  async drainHost(hostId: string, source: RemovalSource = 'operator_drain'): Promise<HostDetail> {
+  /**
+   * R-H5 operator drain: idempotent (draining an already draining host answers its state). The
+   * operator's `--reason` goes into the audit event's detail (`operator_reason`); the event's
+   * reason stays the machine-readable source. A repeated drain changes nothing and records nothing.
+   */
+  async drainHost(hostId: string, source: RemovalSource = 'operator_drain', operatorReason = ''): Promise<HostDetail> {
     const before = await this.getHost(hostId);
     const state = before.record.lifecycle.state;
     if (state !== 'READY' && state !== 'DRAINING' && state !== 'SUSPECT') {
       throw new PreconditionFailed('invalid_transition', `host ${hostId} is ${state}: only READY, DRAINING or SUSPECT hosts can be drained`, { details: { hostId, state } });
     }
-    await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source }, source);
+    await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source }, source, undefined, undefined, operatorDetail(operatorReason));
     return this.getHost(hostId);
   }
 
@@ -146,13 +163,15 @@ export class AdminOps {
    * R-H5 operator remove. A live host is drained first and becomes REMOVED (epoch ended) once it
    * holds nothing (the migration controller does that). `force`, or a host that cannot be drained
    * (UNATTESTED, DEAD, ...), is removed at once: its groups are handled as unplanned loss (R-G6).
+   * The operator's reason is recorded like a drain's, on each event this call writes.
    */
-  async removeHost(hostId: string, force: boolean): Promise<HostDetail> {
+  async removeHost(hostId: string, force: boolean, operatorReason = ''): Promise<HostDetail> {
     const before = await this.getHost(hostId);
     const state = before.record.lifecycle.state;
     const drainable = state === 'READY' || state === 'DRAINING' || state === 'SUSPECT';
-    if (drainable) await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source: 'operator_remove' }, 'operator_remove');
-    if (force || !drainable) await applyHostEvent(this.ctx, hostId, { type: 'removed' }, force ? 'operator_remove (force)' : `operator_remove of a ${state} host`);
+    const detail = operatorDetail(operatorReason);
+    if (drainable) await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source: 'operator_remove' }, 'operator_remove', undefined, undefined, detail);
+    if (force || !drainable) await applyHostEvent(this.ctx, hostId, { type: 'removed' }, force ? 'operator_remove (force)' : `operator_remove of a ${state} host`, undefined, undefined, detail);
     return this.getHost(hostId);
   }
 

@@ -22,7 +22,8 @@ import { LeaderElector, type Elector } from './leader.ts';
 import { LivenessLoop } from './liveness-loop.ts';
 import { MigrationController, type StepHook } from './migration-controller.ts';
 import { LeadershipRecordSchema } from './records.ts';
-import { ManifestDigestCache, collectCheckpoints } from './retention.ts';
+import { GroupOps } from './group-ops.ts';
+import { ManifestDigestCache, collectCheckpoints, refreshCheckpoints } from './retention.ts';
 import { ControlPlaneRunnerBackend } from './runner-backend.ts';
 import { ProbeResponder } from './reverse-probe.ts';
 import { openRepositories, type ControlPlaneContext } from './state.ts';
@@ -64,6 +65,7 @@ export class ControlPlane {
   #passes = 0;
   /** Parsed manifests' chunk digests, kept across GC passes (manifests are write-once). */
   readonly #manifestDigests = new ManifestDigestCache();
+  readonly #groupOps: GroupOps;
 
   constructor(private readonly opts: ControlPlaneOptions) {
     const now = opts.now ?? Date.now;
@@ -82,6 +84,7 @@ export class ControlPlane {
       replicaId: opts.replicaId,
     };
     this.runner = new ControlPlaneRunnerBackend(this.ctx);
+    this.#groupOps = new GroupOps(this.ctx);
     const policy = policyFrom(this.ctx, opts.buildSha);
     this.registry = new HostRegistry(this.ctx, policy, opts.store.repository('hostLeases', HostLeasePolicySchema));
     this.controller = new MigrationController(this.ctx, opts.stepHook);
@@ -114,12 +117,16 @@ export class ControlPlane {
   async #pass(): Promise<void> {
     const wasLeader = this.leader.isLeader;
     const leads = await this.leader.tick();
-    if (!leads) return;
+    if (!leads) {
+      // Leader-only gauges would freeze here while the new leader exports fresh ones (read with max()).
+      if (wasLeader) this.ctx.metrics.leadershipLost();
+      return;
+    }
     if (!wasLeader) this.liveness.reset();
     await this.reconcileOnce();
   }
 
-  /** One leader pass: liveness/leases, migrations, and (every 30th pass) checkpoint GC. */
+  /** One leader pass: liveness/leases, migrations, and (every 30th pass) checkpoint GC and refreshes. */
   async reconcileOnce(): Promise<void> {
     try {
       await this.liveness.tick();
@@ -137,6 +144,11 @@ export class ControlPlane {
         await collectCheckpoints(this.ctx, this.#manifestDigests, { fullSweep: this.#passes % 300 === 1 });
       } catch (err) {
         this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
+      }
+      try {
+        await refreshCheckpoints(this.ctx, this.#groupOps);
+      } catch (err) {
+        this.ctx.logger.warn(describeError(err), 'checkpoint refresh pass failed');
       }
     }
   }

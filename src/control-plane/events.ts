@@ -17,10 +17,15 @@ export interface TransitionEvent {
   readonly version: string | number;
 }
 
-/** Subject ids must be one subject token: dots in host ids are mapped like agent subjects do. */
-function subjectToken(id: string): string {
+/**
+ * The subject token an event about `id` is filed under (and looked up by): one subject token, so
+ * dots in host ids become '~' like agent subjects map them; ids past 128 characters (host ids may
+ * have 253) are filed under a digest instead, marked with "_" — which no host id contains — so a
+ * host cannot be named after another host's digest and share its audit trail.
+ */
+export function eventSubjectToken(id: string): string {
   const mapped = id.replace(/[^A-Za-z0-9_:=@+-]/g, '~');
-  return /^[A-Za-z0-9]/.test(mapped) && mapped.length <= 128 ? mapped : `x${createHash('sha256').update(id).digest('hex').slice(0, 40)}`;
+  return /^[A-Za-z0-9]/.test(mapped) && mapped.length <= 128 ? mapped : `x_${createHash('sha256').update(id).digest('hex').slice(0, 40)}`;
 }
 
 export class EventRecorder {
@@ -36,7 +41,7 @@ export class EventRecorder {
    * write, and a reconcile loop that fails here retries the step, re-appending the same id.
    */
   async record(e: TransitionEvent): Promise<void> {
-    const subjectId = subjectToken(e.subjectId);
+    const subjectId = eventSubjectToken(e.subjectId);
     const digest = createHash('sha256').update(`${e.subjectKind}|${e.subjectId}|${e.type}|${e.toState ?? ''}|${e.reason ?? ''}|${e.version}`).digest('hex').slice(0, 32);
     const event: FleetEvent = {
       id: `${e.subjectKind}-${digest}`,

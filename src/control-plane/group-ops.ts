@@ -26,9 +26,14 @@ import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
-/** Deterministic checkpoint id for a group's state (one checkpoint per clean-stopped version). */
-export function checkpointIdFor(groupId: string, generation: number, activityVersion: number): string {
-  return `c-${createHash('sha256').update(`${groupId}|${generation}|${activityVersion}`).digest('hex').slice(0, 32)}`;
+/**
+ * Deterministic checkpoint id for a group's state (one checkpoint per clean-stopped version), and
+ * for each refresh of it (`refresh`: the refresh period it was taken in, so leaders racing in one
+ * period take the same checkpoint).
+ */
+export function checkpointIdFor(groupId: string, generation: number, activityVersion: number, refresh?: number): string {
+  const period = refresh === undefined ? '' : `|refresh-${refresh}`;
+  return `c-${createHash('sha256').update(`${groupId}|${generation}|${activityVersion}${period}`).digest('hex').slice(0, 32)}`;
 }
 
 export class GroupOps {
@@ -178,15 +183,16 @@ export class GroupOps {
 
   /**
    * R-G3: checkpoint a clean-stopped group on its host. Idempotent per (generation, activity
-   * version): the id is deterministic and an existing index record is returned as is.
+   * version): the id is deterministic and an existing index record is returned as is. `refresh`
+   * retakes it for a group that stayed stopped (R-G4 age): see checkpointIdFor.
    */
-  async checkpoint(groupId: string): Promise<CheckpointRecord> {
+  async checkpoint(groupId: string, refresh?: number): Promise<CheckpointRecord> {
     const g = (await this.get(groupId)).value;
     const lc = g.lifecycle;
     if (lc.state !== 'STOPPED' || !lc.stop?.clean) {
       throw unwrapRefusal(transitionGroup(lc, { type: 'migration_started', targetHostId: '', assessment: { usable: false, reason: 'no_checkpoint', reasons: ['no_checkpoint'] } }, this.ctx.now()));
     }
-    const checkpointId = checkpointIdFor(groupId, lc.generation, lc.activityVersion);
+    const checkpointId = checkpointIdFor(groupId, lc.generation, lc.activityVersion, refresh);
     const key = Keys.checkpoint(groupId, checkpointId);
     const existing = await this.ctx.repos.checkpoints.get(key);
     let record = existing?.value;
@@ -197,7 +203,7 @@ export class GroupOps {
       const locks = new ChunkGcLocks(this.ctx);
       await locks.beginCheckpoint(checkpointId, t0 + this.ctx.config.agentCommandTimeoutMs);
       try {
-        record = await this.#takeCheckpoint(g, target, checkpointId, key, t0);
+        record = await this.#takeCheckpoint(g, target, checkpointId, key, t0, refresh === undefined ? 'clean stop' : 'refresh');
       } finally {
         await locks.endCheckpoint(checkpointId).catch((err: unknown) => this.ctx.logger.warn({ checkpointId, err }, 'releasing the checkpoint GC lock failed; it expires at its deadline'));
       }
@@ -211,7 +217,7 @@ export class GroupOps {
   }
 
   /** Command the agent to capture the group's layers, then index the manifest it wrote (R-G3). */
-  async #takeCheckpoint(g: GroupRecord, target: AgentTarget, checkpointId: string, key: string, t0: number): Promise<CheckpointRecord> {
+  async #takeCheckpoint(g: GroupRecord, target: AgentTarget, checkpointId: string, key: string, t0: number, why: 'clean stop' | 'refresh'): Promise<CheckpointRecord> {
     const groupId = g.groupId;
     const lc = g.lifecycle;
     const stop = g.lastCleanStop;
@@ -251,7 +257,7 @@ export class GroupOps {
     this.ctx.metrics.checkpointBytes.inc({ kind: 'layer' }, record.totalBytes);
     this.ctx.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.ctx.now() - t0) / 1000);
     await this.ctx.events.record({
-      subjectKind: 'group', subjectId: groupId, type: 'checkpoint_created', reason: 'clean stop', version: checkpointId,
+      subjectKind: 'group', subjectId: groupId, type: 'checkpoint_created', reason: why, version: checkpointId,
       detail: { checkpointId, bytes: record.totalBytes, generation: lc.generation, activityVersion: lc.activityVersion, hostId: lc.hostId },
     });
     return record;

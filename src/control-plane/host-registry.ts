@@ -1,7 +1,8 @@
 // Host registry (R-H1..R-H6): answers agent registrations (new epoch every time, attestation by
-// core policy, READY only on a full match), accepts heartbeats fenced by epoch (stale ones are
-// counted and dropped), and turns reclaim notices and "Docker data dir lost" reports into host
-// events. Any replica may serve these (NATS queue group): every write is compare-and-set.
+// core policy, READY only on a full match), accepts heartbeats and notices fenced by epoch (stale
+// ones are counted and dropped), and turns reclaim notices and "Docker data dir lost" reports into
+// host events by one core rule (host-notice.ts: data loss is DEAD at once, a notice is a drain).
+// Any replica may serve these (NATS queue group): every write is compare-and-set.
 // Leases (R-H4): registration decides the epoch's lease policy (fixed end reported by the host,
 // renewable term from config; see hosts.ts) and an accepted heartbeat renews a renewable term.
 import { jetstream } from '@nats-io/jetstream';
@@ -9,9 +10,12 @@ import { Kvm } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects, hostIdFromSubject } from '../core/agent-subjects.ts';
 import {
+  DOCKER_DATA_LOST_NOTICE,
   UNREGISTERED,
   checkFence,
   evaluateAttestation,
+  hostEventForNotice,
+  isHostId,
   nextEpoch,
   transitionHost,
   unwrap,
@@ -20,7 +24,6 @@ import {
   type HostLifecycle,
   type RemovalSource,
 } from '../core/index.ts';
-import { isSafeId } from '../core/checkpoint-manifest.ts';
 import { ContainerState, Heartbeat, Registration, RegistrationAck, ReclaimNotice, type AttestationReport as ProtoAttestation } from '../gen/sandboxfleet/v1/agent.ts';
 import { HostState } from '../gen/sandboxfleet/v1/common.ts';
 import { isTerminal, listGroups } from './fleet.ts';
@@ -33,7 +36,7 @@ import { Keys, type ControlPlaneContext } from './state.ts';
 const QUEUE = 'sf-control-plane';
 
 /** Drain sources a re-registration must not forget (the host is still going away). */
-const PLANNED_SOURCES: ReadonlySet<RemovalSource> = new Set(['operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint', 'spot_preemption', 'lease_ending']);
+const PLANNED_SOURCES: ReadonlySet<RemovalSource> = new Set(['operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint', 'spot_preemption', 'reclaim_notice', 'lease_ending']);
 
 const PROTO_STATE: Record<HostLifecycle['state'], HostState> = {
   REGISTERING: HostState.REGISTERING,
@@ -155,8 +158,9 @@ export class HostRegistry {
       hostId: reg.hostId.slice(0, 253), admitted: false, state: HostState.UNATTESTED, hostEpoch: 0, leaseExpiresAtUnixMs: 0,
       refusalReasons: [why], mismatches: [why], heartbeatIntervalMs: ctx.config.heartbeatIntervalMs, ownedGroupIds: [],
     });
-    // Host ids become subject tokens, KV keys and manifest fields: the strictest rule applies.
-    if (!isSafeId(reg.hostId)) return refusedAck('host_id_invalid');
+    // The one host-id rule (core ids.ts: a Kubernetes node name), the same the agent's subjects,
+    // NATS permissions, KV keys and manifests are built by.
+    if (!isHostId(reg.hostId)) return refusedAck('host_id_invalid');
     const a = reg.attestation;
     if (a === undefined) return refusedAck('attestation_missing');
     const verdict = evaluateAttestation({
@@ -253,10 +257,8 @@ export class HostRegistry {
       ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
       return 'fenced';
     }
-    const host = await ctx.repos.hosts.get(Keys.host(hb.hostId));
-    const fence = host === undefined ? undefined : checkFence({ epoch: hb.hostEpoch }, { epoch: host.value.lifecycle.epoch });
-    // DEAD/REMOVED epochs are revoked: the agent must re-register (R-H6).
-    if (host === undefined || !fence?.ok || host.value.lifecycle.state === 'DEAD' || host.value.lifecycle.state === 'REMOVED') {
+    const host = await this.#currentEpochHost(hb.hostId, hb.hostEpoch);
+    if (host === undefined) {
       ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
       return 'fenced';
     }
@@ -281,13 +283,27 @@ export class HostRegistry {
     });
     if (stale) return 'stale';
     const epoch = hb.hostEpoch;
-    if (host.value.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
-    await this.#renew(host.value, epoch, now);
-    if (hb.dockerDataLost) await applyHostEvent(ctx, hb.hostId, { type: 'declared_dead', source: 'docker_data_lost' }, 'agent reported its Docker data dir lost', epoch);
-    else if (hb.reclaimNotice !== undefined && hb.reclaimNotice.source !== '') {
-      await applyHostEvent(ctx, hb.hostId, { type: 'drain_requested', source: 'spot_preemption' }, `reclaim notice: ${hb.reclaimNotice.source.slice(0, 64)}`, epoch);
+    if (host.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
+    await this.#renew(host, epoch, now);
+    // The heartbeat repeats what the notice subject announced once (R-H5), under the beat's epoch.
+    const notice = hb.dockerDataLost ? DOCKER_DATA_LOST_NOTICE : hb.reclaimNotice?.source ?? '';
+    if (notice !== '') {
+      const { event, why } = hostEventForNotice(notice);
+      await applyHostEvent(ctx, hb.hostId, event, why, epoch);
     }
     return 'accepted';
+  }
+
+  /**
+   * The host record if `epoch` is its current epoch and that epoch is live, else undefined (R-H6):
+   * an older or unknown epoch is fenced, and a DEAD/REMOVED epoch is revoked (the agent must
+   * re-register). Every report from an agent — heartbeat or notice — passes this check.
+   */
+  async #currentEpochHost(hostId: string, epoch: number): Promise<HostRecord | undefined> {
+    const host = await this.ctx.repos.hosts.get(Keys.host(hostId));
+    if (host === undefined || !checkFence({ epoch }, { epoch: host.value.lifecycle.epoch }).ok) return undefined;
+    const { state } = host.value.lifecycle;
+    return state === 'DEAD' || state === 'REMOVED' ? undefined : host.value;
   }
 
   /** R-H4: an accepted heartbeat renews a renewable term (CAS; only when due, see renewalFor). */
@@ -305,9 +321,21 @@ export class HostRegistry {
     await renewLease(this.ctx, host.hostId, lease, now);
   }
 
-  /** R-H5: a spot/preemption notice starts a planned departure. */
-  async notice(hostId: string, notice: ReclaimNotice): Promise<void> {
-    await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source: 'spot_preemption' }, `reclaim notice: ${notice.source.slice(0, 64) || 'unspecified'}`);
+  /**
+   * R-H5, R-H6: a notice from the current epoch of a live host is applied by its source (core
+   * host-notice.ts): lost Docker data makes the host DEAD at once (unplanned: nothing there can be
+   * stopped or checkpointed any more), spot/preemption and other notices start a planned drain. A
+   * notice from a revoked or unknown epoch is rejected and counted; the epoch is checked again
+   * inside the CAS, so a re-registration landing in between wins.
+   */
+  async notice(hostId: string, notice: ReclaimNotice): Promise<'applied' | 'unchanged' | 'fenced'> {
+    const host = await this.#currentEpochHost(hostId, notice.hostEpoch);
+    if (host === undefined) {
+      this.ctx.metrics.fencedReports.inc({ kind: 'notice' });
+      return 'fenced';
+    }
+    const { event, why } = hostEventForNotice(notice.source);
+    return (await applyHostEvent(this.ctx, hostId, event, why, notice.hostEpoch)) !== undefined ? 'applied' : 'unchanged';
   }
 
   /** Operator drain / remove (R-H5). `remove` also ends the epoch once the host holds nothing. */

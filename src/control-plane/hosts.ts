@@ -22,9 +22,14 @@ export interface HostChange {
  * Apply `event` to the host if it is still at `expectEpoch` (when given) and `guard` (when given)
  * still holds for the record being replaced — both checked inside the CAS, so a decision made on a
  * stale read (e.g. "the lease ends within the margin" while a renewal landed) is not applied.
- * Returns the change, or undefined when the event does not apply.
+ * `detail` is added to the event's detail (e.g. the operator's own words for a drain), next to the
+ * epoch; `why` stays the short machine-readable reason. Returns the change, or undefined when the
+ * event does not apply.
  */
-export async function applyHostEvent(ctx: ControlPlaneContext, hostId: string, event: HostEvent, why: string, expectEpoch?: number, guard?: (current: HostRecord) => boolean): Promise<HostChange | undefined> {
+export async function applyHostEvent(
+  ctx: ControlPlaneContext, hostId: string, event: HostEvent, why: string, expectEpoch?: number, guard?: (current: HostRecord) => boolean,
+  detail?: Readonly<Record<string, string>>,
+): Promise<HostChange | undefined> {
   let change: HostChange | undefined;
   await ctx.repos.hosts.mutate(Keys.host(hostId), (current) => {
     change = undefined;
@@ -46,7 +51,7 @@ export async function applyHostEvent(ctx: ControlPlaneContext, hostId: string, e
       toState: change.after.state,
       reason: why,
       version: `${change.after.epoch}:${change.before.state}:${change.after.state}:${change.after.goingAway ?? ''}`,
-      detail: { epoch: change.after.epoch },
+      detail: { ...detail, epoch: change.after.epoch },
     });
   }
   return change;

@@ -14,7 +14,7 @@ const reasonText = z.string().min(1).max(128);
 
 const removalSource = z.enum([
   'operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint',
-  'spot_preemption', 'lease_ending', 'heartbeat_lost', 'docker_data_lost',
+  'spot_preemption', 'reclaim_notice', 'lease_ending', 'heartbeat_lost', 'docker_data_lost',
 ]);
 
 const attestationReason = z.enum(['agent_sha_unknown', 'api_sha_mismatch', 'image_digest_not_allowed', 'storage_driver_unsupported', 'bridge_version', 'bridge_unproven']);
@@ -112,6 +112,7 @@ export const MemberSessionSchema = z.object({
   savedLocator: locator.optional(),
   completedTurns: z.number().int().nonnegative(),
   process: processIdentity.optional(),
+  reclaim: processIdentity.optional(),
   inFlight: z.object({
     turnId: z.string().max(128),
     contextState: z.enum(['NEW', 'LIVE', 'RESTORED']),

@@ -11,11 +11,20 @@
 // is never pinned again (a group's latest only moves to newer ones), so its missing chunks harm no
 // restore. "Referenced" counts every manifest in the store, indexed or not: a checkpoint whose
 // indexing was interrupted is indexed on retry and needs its chunks.
+//
+// The same pass reports R-G4 exposure (checkpointExposure): it already lists every group and every
+// checkpoint record. And it keeps that exposure bounded: a group that stays cleanly STOPPED never
+// gets a new checkpoint by itself, so the one it has would age past the maximum and a host loss
+// would make the group LOST `stale_checkpoint` (idle conversations are the common case). Such
+// checkpoints are retaken once they are older than a fraction of the maximum (refreshCheckpoints);
+// the retake is incremental (chunks dedup by digest) and the old one falls to retention.
 import { selectCheckpointsToDelete } from '../core/index.ts';
 import type { ChunkStore } from '../store/chunk-store.ts';
+import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { readManifest } from './checkpoints.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
 import { describeError, listGroups } from './fleet.ts';
+import type { GroupOps } from './group-ops.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
 /** How long one sweep may hold the lock (checkpoints wait meanwhile); the rest waits for the next pass. */
@@ -64,9 +73,115 @@ export interface CollectOptions {
   readonly fullSweep?: boolean;
 }
 
+/** What an unplanned host loss would find, checkpoint-wise, for the groups a checkpoint can save. */
+export interface CheckpointExposure {
+  /**
+   * Over the clean-STOPPED groups that have one, the age (ms) of the checkpoint a host loss would
+   * restore from; the oldest of them, i.e. the group closest to (or past) the maximum age, after
+   * which it would be LOST `stale_checkpoint`. 0 when no such group has one.
+   */
+  readonly oldestAgeMs: number;
+  /**
+   * Clean-STOPPED groups without such a checkpoint (none taken, taken before the group's last
+   * activity, or its index record is gone): a host loss would make them LOST `no_checkpoint` /
+   * `stale_checkpoint` whatever their age, so they are counted here instead of given an age.
+   */
+  readonly withoutCheckpoint: number;
+}
+
+/**
+ * R-G4 exposure of the fleet at `nowMs`. Only groups that are STOPPED after a clean stop count:
+ * those are the groups R-G6 restores from a checkpoint. RUNNING/STOPPING groups would be LOST
+ * `host_lost_running` and unclean ones `unclean_stop` whatever their checkpoints; MIGRATING groups
+ * are being restored (a failure is reported as LOST). The checkpoint considered is the group's
+ * latest, as in the migration controller, and only if it covers the group's current state (its
+ * activity version, taken after the last activity); digests are verified at restore time, not here.
+ */
+export function checkpointExposure(
+  groups: readonly Pick<GroupRecord, 'groupId' | 'lifecycle' | 'latestCheckpointId'>[],
+  checkpoints: readonly Pick<CheckpointRecord, 'groupId' | 'checkpointId' | 'activityVersion' | 'createdAtMs'>[],
+  nowMs: number,
+): CheckpointExposure {
+  const byKey = new Map(checkpoints.map((c) => [`${c.groupId}/${c.checkpointId}`, c]));
+  let oldestAgeMs = 0;
+  let withoutCheckpoint = 0;
+  for (const g of groups) {
+    const lc = g.lifecycle;
+    if (lc.state !== 'STOPPED' || lc.stop?.clean !== true) continue;
+    const c = g.latestCheckpointId === undefined ? undefined : byKey.get(`${g.groupId}/${g.latestCheckpointId}`);
+    if (c === undefined || c.activityVersion !== lc.activityVersion || c.createdAtMs < lc.lastActivityAtMs) {
+      withoutCheckpoint += 1;
+      continue;
+    }
+    oldestAgeMs = Math.max(oldestAgeMs, nowMs - c.createdAtMs);
+  }
+  return { oldestAgeMs, withoutCheckpoint };
+}
+
+/** A group whose checkpoint is due for a refresh, and the refresh period (part of the new id). */
+export interface RefreshDue {
+  readonly groupId: string;
+  readonly ageMs: number;
+  readonly period: number;
+}
+
+/**
+ * The clean-STOPPED groups (not moving) whose usable checkpoint is older than `refreshAfterMs`,
+ * oldest first, at most `limit`. Groups with no usable checkpoint are not refreshed: their state
+ * was never captured cleanly, and checkpointExposure counts them for the alert instead.
+ */
+export function checkpointsDueForRefresh(
+  groups: readonly Pick<GroupRecord, 'groupId' | 'lifecycle' | 'latestCheckpointId' | 'evacuation'>[],
+  checkpoints: readonly Pick<CheckpointRecord, 'groupId' | 'checkpointId' | 'activityVersion' | 'createdAtMs'>[],
+  nowMs: number,
+  refreshAfterMs: number,
+  limit: number,
+): RefreshDue[] {
+  if (!(refreshAfterMs > 0)) return [];
+  const byKey = new Map(checkpoints.map((c) => [`${c.groupId}/${c.checkpointId}`, c]));
+  const due: RefreshDue[] = [];
+  for (const g of groups) {
+    const lc = g.lifecycle;
+    if (lc.state !== 'STOPPED' || lc.stop?.clean !== true || lc.migration !== undefined || g.evacuation !== undefined) continue;
+    const c = g.latestCheckpointId === undefined ? undefined : byKey.get(`${g.groupId}/${g.latestCheckpointId}`);
+    if (c === undefined || c.activityVersion !== lc.activityVersion || c.createdAtMs < lc.lastActivityAtMs) continue;
+    const ageMs = nowMs - c.createdAtMs;
+    if (ageMs > refreshAfterMs) due.push({ groupId: g.groupId, ageMs, period: Math.floor(nowMs / refreshAfterMs) });
+  }
+  return due.sort((a, b) => b.ageMs - a.ageMs).slice(0, limit);
+}
+
+/**
+ * Retake the due checkpoints (checkpointsDueForRefresh), one at a time. A failure (host busy or
+ * unreachable, layers changed) is logged and counted; the group is due again next pass, and if its
+ * checkpoint does age out, the exposure gauge and its alert say so.
+ */
+export async function refreshCheckpoints(ctx: ControlPlaneContext, ops: GroupOps): Promise<number> {
+  const refreshAfterMs = ctx.config.checkpointMaxAgeMs * ctx.config.checkpointRefreshFraction;
+  if (refreshAfterMs <= 0) return 0;
+  const groups = (await listGroups(ctx)).map((e) => e.value);
+  const { entries } = await ctx.repos.checkpoints.list();
+  let refreshed = 0;
+  for (const due of checkpointsDueForRefresh(groups, entries.map((e) => e.value), ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass)) {
+    try {
+      await ops.checkpoint(due.groupId, due.period);
+      ctx.metrics.checkpointRefreshes.inc({ result: 'ok' });
+      refreshed += 1;
+    } catch (err) {
+      ctx.metrics.checkpointRefreshes.inc({ result: 'failed' });
+      ctx.logger.warn({ groupId: due.groupId, ageMs: due.ageMs, ...describeError(err) }, 'checkpoint refresh failed; retried next pass');
+    }
+  }
+  return refreshed;
+}
+
 export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new ManifestDigestCache(), options: CollectOptions = {}): Promise<CollectResult> {
   const groups = (await listGroups(ctx)).map((e) => e.value);
   const { entries } = await ctx.repos.checkpoints.list();
+  const exposure = checkpointExposure(groups, entries.map((e) => e.value), ctx.now());
+  ctx.metrics.checkpointAge.set(Math.max(0, exposure.oldestAgeMs) / 1000);
+  ctx.metrics.groupsWithoutCheckpoint.set(exposure.withoutCheckpoint);
+  ctx.metrics.checkpointMaxAge.set(ctx.config.checkpointMaxAgeMs / 1000);
   const byGroup = new Map(groups.map((g) => [g.groupId, g]));
   const gone = new Set<string>();
   for (const e of entries) {

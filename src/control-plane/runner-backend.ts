@@ -166,6 +166,7 @@ export function turnEndFromEvidence(e: TurnEvidenceInput): TurnEnd {
     cleanupFinished: e.cleanupFinished,
     transportUsable: e.transportUsable && e.locatorUsable,
     processExits: e.processExited || e.kind === 'api_retry',
+    exitConfirmed: e.processExited && e.exitConfirmed,
   };
 }
 
@@ -404,7 +405,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
    * the revision the decision was made from (so the observation still belongs to the member as it
    * was read; any change since is a CasConflictError and the caller observes again).
    */
-  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined }, observation: MemberObservation, call: Call, hostEpoch: number, running?: ProcessIdentity): Promise<BeginTurnView> {
+  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined }, observation: MemberObservation, call: Call, hostEpoch: number, observed?: ProcessIdentity): Promise<BeginTurnView> {
+    let running = observed;
     const now = this.ctx.now();
     const g = gv.value;
     if (g.lifecycle.state !== 'RUNNING') throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(g.groupId), gv.revision);
@@ -414,6 +416,14 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const seen = g.members.find((m) => m.session.memberId === memberId)!;
     const o = beginTurn(seen.session, { turnId: request.turnId, locator: request.locator }, observation, now);
     const cli = seen.session.cli;
+    let slotReclaimed = false;
+    if (o.ok && o.reclaimProcess !== undefined) {
+      // R-S6: end the lingering process before the record says a new one may start. Only a fresh
+      // observation can name it (heartbeat evidence proves LIVE only), so this is never a cached decision.
+      fresh();
+      running = await this.#reclaimSlot(g, memberId, o.reclaimProcess, hostEpoch);
+      slotReclaimed = true;
+    }
     const view = (member: MemberRecord): BeginTurnView | undefined => (!o.ok ? undefined : {
       turnId: request.turnId,
       contextState: o.contextState,
@@ -423,6 +433,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       generation: g.lifecycle.generation,
       containerId: member.containerId ?? '',
       startedAtMs: o.member.inFlight?.startedAtMs ?? now,
+      ...(slotReclaimed ? { slotReclaimed } : {}),
     });
     if (o.ok && o.replayed) {
       fresh();
@@ -460,6 +471,36 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
     this.ctx.metrics.turns.inc({ context_state: o.contextState, cli });
     return answer!;
+  }
+
+  /**
+   * R-S6 slot reclaim: restart the member's container (SIGTERM, grace, SIGKILL, start) so no process
+   * of the lingering incarnation survives; the writable layer, and with it the native session, stays.
+   * The command id names the incarnation, so a retried begin re-asks for the same restart and the
+   * agent answers it from its result cache (or finds that incarnation already gone).
+   */
+  async #reclaimSlot(g: GroupRecord, memberId: string, lingering: ProcessIdentity, hostEpoch: number): Promise<ProcessIdentity> {
+    const startedAtUnixMs = Number(lingering.incarnation);
+    if (!Number.isSafeInteger(startedAtUnixMs)) throw new Unavailable('host_unreachable', `member ${memberId}: cannot name the process to reclaim`, { details: { groupId: g.groupId, memberId } });
+    const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
+    const graceMs = this.ctx.config.stopGraceMs;
+    const result = await this.ctx.agents.send(
+      target,
+      `reclaim-${g.groupId}-${memberId}-${lingering.incarnation}`,
+      { $case: 'restartMember', value: { groupId: g.groupId, memberId, containerId: lingering.containerId, startedAtUnixMs, graceMs } },
+      'restartMember',
+      INVENTORY_TIMEOUT_MS + graceMs,
+    );
+    this.ctx.metrics.slotReclaims.inc({ outcome: result.restarted ? 'restarted' : 'already_gone' });
+    await this.ctx.events.record({
+      subjectKind: 'group',
+      subjectId: g.groupId,
+      type: 'member_slot_reclaimed',
+      reason: 'exit_unconfirmed',
+      version: `${memberId}:${lingering.containerId}:${lingering.incarnation}`,
+      detail: { memberId, hostId: g.lifecycle.hostId, hostEpoch, containerId: result.containerId, restarted: result.restarted },
+    });
+    return { containerId: result.containerId, incarnation: String(result.startedAtUnixMs) };
   }
 
   // ---- CompleteTurn ------------------------------------------------------------------------------

@@ -4,15 +4,24 @@
 import { parseHostId } from './ids.ts';
 
 /**
- * A host id as one subject token. Host ids may contain dots (Kubernetes node names do), which
- * NATS reads as token separators, so '.' becomes '~' — a character host ids cannot contain, so
- * the mapping is one-to-one. Validation first: no wildcard or space can reach a subject.
+ * A host id as one subject token. Host ids are Kubernetes node names (ids.ts) and may contain dots,
+ * which NATS reads as token separators, so '.' becomes '~' — a character no host id contains, so
+ * the mapping is one-to-one and the token holds only [a-z0-9~-]: never empty, never a wildcard or
+ * whitespace. Validation first: nothing that is not a host id can reach a subject.
  */
-function token(hostId: string): string {
+export function hostIdToken(hostId: string): string {
   const parsed = parseHostId(hostId);
   if (!parsed.ok) throw parsed.error;
   return parsed.value.replaceAll('.', '~');
 }
+
+/** The host id a subject token names, or undefined when the token is not the token of a host id. */
+export function hostIdFromToken(token: string): string | undefined {
+  const id = token.replaceAll('~', '.');
+  return parseHostId(id).ok && id.replaceAll('.', '~') === token ? id : undefined;
+}
+
+const token = hostIdToken;
 
 export const AgentSubjects = {
   /** Request/reply: Registration → RegistrationAck (new epoch, lease term, owned groups). */
@@ -34,12 +43,7 @@ export const AgentSubjects = {
 export function hostIdFromSubject(subject: string): string | undefined {
   const parts = subject.split('.');
   if (parts.length !== 4 || parts[0] !== 'sf' || parts[1] !== 'host') return undefined;
-  const id = (parts[2] ?? '').replaceAll('~', '.');
-  try {
-    return token(id) === parts[2] ? id : undefined;
-  } catch {
-    return undefined;
-  }
+  return hostIdFromToken(parts[2] ?? '');
 }
 
 /** Streams of checkpoint data (store/chunk-store.ts), named here because host credentials name them. */

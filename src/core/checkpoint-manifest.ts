@@ -1,6 +1,7 @@
 // The checkpoint manifest (R-G3): the record, written last, that makes a checkpoint exist. Pure: a
 // strict bounded parser (R-R4) so a corrupt or hostile manifest is refused with a reason before any
 // chunk is fetched, and the compatibility check of R-G4 (base image digest, bridge version).
+import { isHostId } from './ids.ts';
 
 export const CHECKPOINT_MANIFEST_SCHEMA_VERSION = 1;
 
@@ -81,8 +82,6 @@ export interface CheckpointManifest {
 }
 
 const ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
-/** Host ids follow ids.ts (Kubernetes node names may carry dots); they never become a subject token here. */
-const HOST_ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$/;
 const DIGEST_RE = /^sha256:[0-9a-f]{64}$/;
 const CLI_KIND_RE = /^[a-z][a-z0-9._-]{0,31}$/;
 const VERSION_RE = /^[\x21-\x7e]{1,64}$/;
@@ -91,7 +90,10 @@ const MAX_SESSION_PATHS = 64;
 const MAX_PATH_CHARS = 4095;
 const MAX_LOCATOR_CHARS = 512;
 
-/** Ids used in subjects and keys: letters, digits, `_`, `-`, 1..64 chars. */
+/**
+ * Group, member and checkpoint ids used in subjects and keys: letters, digits, `_`, `-`, 1..64
+ * chars. Not for host ids: those are Kubernetes node names with their own rule (ids.ts isHostId).
+ */
 export function isSafeId(value: unknown): value is string {
   return typeof value === 'string' && ID_RE.test(value);
 }
@@ -134,6 +136,12 @@ function int(v: unknown, path: string): number {
 
 function str(v: unknown, path: string, re: RegExp, what: string): string {
   if (typeof v !== 'string' || !re.test(v)) fail(path, `expected ${what}`);
+  return v;
+}
+
+/** The source host follows the one host-id rule (ids.ts), the same the manifest's subject was built by. */
+function hostIdField(v: unknown, path: string): string {
+  if (!isHostId(v)) fail(path, 'expected a host id (a Kubernetes node name)');
   return v;
 }
 
@@ -203,7 +211,7 @@ export function validateCheckpointManifest(value: unknown, maxManifestBytes = DE
     checkpointId: str(o.checkpointId, 'manifest.checkpointId', ID_RE, 'a safe id'),
     groupId: str(o.groupId, 'manifest.groupId', ID_RE, 'a safe id'),
     placementGeneration: uint(o.placementGeneration, 'manifest.placementGeneration'),
-    source: { hostId: str(source.hostId, 'manifest.source.hostId', HOST_ID_RE, 'a host id'), epoch: uint(source.epoch, 'manifest.source.epoch') },
+    source: { hostId: hostIdField(source.hostId, 'manifest.source.hostId'), epoch: uint(source.epoch, 'manifest.source.epoch') },
     createdAtMs: uint(o.createdAtMs, 'manifest.createdAtMs'),
     cleanStop: checkCleanStop(o.cleanStop, 'manifest.cleanStop'),
     members: arr(o.members, 'manifest.members', 1, MAX_MEMBERS).map((m, i) => checkMember(m, `manifest.members[${i}]`, maxChunks)),

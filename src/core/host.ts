@@ -29,6 +29,8 @@ export type RemovalSource =
   | 'node_cordoned'
   | 'disruption_taint'
   | 'spot_preemption'
+  /** A reclaim notice from the agent other than spot/preemption (e.g. maintenance; host-notice.ts). */
+  | 'reclaim_notice'
   | 'lease_ending'
   | 'heartbeat_lost'
   | 'docker_data_lost';

@@ -29,11 +29,20 @@ interface IdRule {
 
 // Names start with an alphanumeric so they are never `.`/`..` and never look like a flag.
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+/** DNS-1123 subdomain (Kubernetes IsDNS1123Subdomain; its length bound is checked before the pattern). */
+const HOST_NAME = /^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$/;
 
 /** The rules per id kind; exported so adapters (NATS subjects, proto docs) can cite the limits. */
 export const ID_RULES = {
-  // Kubernetes node names are DNS subdomains (<= 253); a host is often named after its node.
-  hostId: { maxLength: 253, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
+  // The one host-id rule (R-H1): a Kubernetes node name, i.e. a DNS-1123 subdomain exactly as the
+  // API server validates it (lowercase labels of [a-z0-9-] that start and end alphanumeric, joined
+  // by dots, <= 253 in all), because the chart uses the node name as host id. Lowercase only, and
+  // refused rather than folded: DNS names are case-insensitive but NATS subjects, KV keys and
+  // per-host credentials are not, so `Node-1` and `node-1` would be two hosts (two epochs, two
+  // credential sets) for one machine; refusing makes the mistake visible at start-up. No "_" (not a
+  // node name) and no "~" or "=" — agent-subjects.ts and the KV keys map "." to those, which keeps
+  // both mappings one-to-one.
+  hostId: { maxLength: 253, pattern: HOST_NAME, describe: 'a Kubernetes node name (DNS-1123 subdomain): lowercase letters, digits, "-", "." between labels; each label starts and ends alphanumeric' },
   groupId: { maxLength: 128, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
   memberId: { maxLength: 64, pattern: NAME, describe: 'letters, digits, ".", "_", "-"; starts alphanumeric' },
   conversationId: { maxLength: 128, pattern: /^[A-Za-z0-9][A-Za-z0-9._:-]*$/, describe: 'letters, digits, ".", "_", ":", "-"' },
@@ -68,8 +77,10 @@ function parseWith<T>(kind: IdKind, field: string, raw: unknown): Result<T, Inva
   return ok(raw as T);
 }
 
-/** Parse a host id (R-R4). `field` names the input in the error. */
+/** Parse a host id (R-H1, R-R4): a Kubernetes node name, see ID_RULES.hostId. `field` names the input in the error. */
 export const parseHostId = (raw: unknown, field = 'hostId') => parseWith<HostId>('hostId', field, raw);
+/** True when `raw` satisfies the host-id rule (for callers that refuse with their own reason). */
+export const isHostId = (raw: unknown): raw is HostId => parseHostId(raw).ok;
 export const parseGroupId = (raw: unknown, field = 'groupId') => parseWith<GroupId>('groupId', field, raw);
 export const parseMemberId = (raw: unknown, field = 'memberId') => parseWith<MemberId>('memberId', field, raw);
 export const parseConversationId = (raw: unknown, field = 'conversationId') =>

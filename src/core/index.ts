@@ -5,6 +5,7 @@ export * from './errors.ts';
 export * from './result.ts';
 export * from './ids.ts';
 export * from './host.ts';
+export * from './host-notice.ts';
 export * from './attestation.ts';
 export * from './liveness.ts';
 export * from './lease.ts';

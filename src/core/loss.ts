@@ -4,6 +4,7 @@
 // every LOST decision, so "lost silently" cannot be expressed (R-R1).
 import type { CheckpointAssessment, CheckpointUnusableReason } from './checkpoint.ts';
 import type { GroupLifecycle } from './group.ts';
+import type { MemberLossReason } from './member-session.ts';
 
 /** Why a group (and its members' sessions) is LOST. Used as the `reason` label of the LOST metric. */
 export type LossReason =
@@ -42,6 +43,28 @@ export const LOSS_REASONS = [
 // Compile-time check that the list is complete: fails if a LossReason is missing above.
 const _allLossReasonsListed: Exclude<LossReason, (typeof LOSS_REASONS)[number]> extends never ? true : never = true;
 void _allLossReasonsListed;
+
+/** Every MemberLossReason (member-session.ts): one member LOST at its next begin, not its whole group. */
+export const MEMBER_LOSS_REASONS = [
+  'turn_unconfirmed',
+  'container_missing',
+  'writable_layer_missing',
+  'session_files_missing',
+  'locator_missing',
+  'group_lost',
+] as const satisfies readonly MemberLossReason[];
+const _allMemberLossReasonsListed: Exclude<MemberLossReason, (typeof MEMBER_LOSS_REASONS)[number]> extends never ? true : never = true;
+void _allMemberLossReasonsListed;
+
+/**
+ * Every value the `reason` label of the LOST metric can take: a group declared LOST counts each of
+ * its members with the group's LossReason; a single member found LOST at its next begin counts
+ * with its MemberLossReason (`group_lost` is what a member of a LOST group carries).
+ */
+export type LostSessionReason = LossReason | MemberLossReason;
+
+/** LOSS_REASONS then MEMBER_LOSS_REASONS, each once: the LOST metric pre-creates exactly these. */
+export const LOST_SESSION_REASONS: readonly LostSessionReason[] = [...new Set<LostSessionReason>([...LOSS_REASONS, ...MEMBER_LOSS_REASONS])];
 
 export interface RestoreBudget {
   /** Restores already attempted for this loss. */

@@ -83,6 +83,13 @@ export interface MemberSession {
   readonly completedTurns: number;
   /** The process that ran the last turn and may be reused LIVE; undefined when none may be. */
   readonly process?: ProcessIdentity;
+  /**
+   * R-S6 slot reclaim: the process that ran the last turn is not reused, and nobody confirmed that
+   * it exited (a Claude api_retry whose exit the runner could not see, a transport lost at the end,
+   * a process attached to another session). It may still be running on the native session, so it
+   * must be ended before another process starts on that session.
+   */
+  readonly reclaim?: ProcessIdentity;
   /** Set in IN_TURN. */
   readonly inFlight?: InFlightTurn;
   /** The last completed turn, so a repeated CompleteTurn is answered idempotently. */
@@ -123,7 +130,10 @@ export type BeginOutcome =
       readonly effectiveLocator?: Locator;
       /** A new process must be started for this turn (NEW without a running process, or RESTORED). */
       readonly startProcess: boolean;
-      /** A running process that must be stopped before the new one starts (R-S6 slot reclaim). */
+      /**
+       * R-S6: the running process that must be ended before the new one starts (the member's
+       * `reclaim`, still running). Write `member` back only once it has been ended.
+       */
       readonly reclaimProcess?: ProcessIdentity;
       /** This begin repeats the in-flight one (same turnId): nothing changed. */
       readonly replayed: boolean;
@@ -228,13 +238,16 @@ export function beginTurn(member: MemberSession, request: BeginRequest, observat
   if (sameProcess(member.process, observation.runningProcess)) {
     return begun(member, { turnId: request.turnId, contextState: 'LIVE', locator, process: observation.runningProcess as ProcessIdentity, startedAtMs: nowMs }, false, undefined);
   }
-  // A new process attaches to the retained session. Any other process still running (one that was
-  // told to exit after a Claude api_retry, R-S6, or one of unknown provenance) is reclaimed first.
-  return begun(member, { turnId: request.turnId, contextState: 'RESTORED', locator, startedAtMs: nowMs }, true, observation.runningProcess);
+  // A new process attaches to the retained session. If the last turn's process may still run on it
+  // (R-S6: exit not confirmed) and its incarnation is still the one running, it is reclaimed first;
+  // a different incarnation means the container restarted since, which ended it already.
+  const lingering = sameProcess(member.reclaim, observation.runningProcess) ? observation.runningProcess : undefined;
+  return begun(member, { turnId: request.turnId, contextState: 'RESTORED', locator, startedAtMs: nowMs }, true, lingering);
 }
 
 function begun(member: MemberSession, inFlight: InFlightTurn, startProcess: boolean, reclaim: ProcessIdentity | undefined): BeginOutcome {
-  const { unconfirmedCause: _u, ...rest } = member;
+  // The reclaim is settled by this begin: performed (reclaimProcess) or found moot.
+  const { unconfirmedCause: _u, reclaim: _r, ...rest } = member;
   return {
     ok: true,
     member: { ...rest, phase: 'IN_TURN', inFlight },
@@ -288,7 +301,7 @@ export function completeTurn(member: MemberSession, completion: TurnCompletion):
     }
     return { ok: false, error: new NotFound('turn_not_found', `no turn ${completion.turnId} in flight`, { details: { memberId: member.memberId } }) };
   }
-  const { inFlight: _f, process: _p, unconfirmedCause: _u, ...rest } = member;
+  const { inFlight: _f, process: _p, unconfirmedCause: _u, reclaim: _r, ...rest } = member;
   const done = (patch: Partial<MemberSession> & Pick<MemberSession, 'phase'>, outcome: TurnOutcome, refusal?: IdentityRefused): CompleteOutcome => ({
     ok: true,
     member: { ...rest, ...patch, lastTurn: { turnId: completion.turnId, outcome } },
@@ -319,26 +332,33 @@ export function completeTurn(member: MemberSession, completion: TurnCompletion):
     }
     return unconfirmed('locator_unobserved', 'locator_missing', identity('locator_missing', 'no session id observed at turn end'));
   }
+  const turnProcess = inFlight.contextState === 'LIVE' ? inFlight.process : completion.process;
+  // R-S6: a process that is not reused and whose exit nobody confirmed is reclaimed before the next start.
+  const reclaimUnlessExited = (reused: boolean): Partial<MemberSession> =>
+    !reused && turnProcess !== undefined && end.exitConfirmed !== true ? { reclaim: turnProcess } : {};
   if (expected !== undefined && observed !== expected) {
     // R-S2: the turn fails, the saved locator stays. The process that ran it is attached to another
     // session, so it is not reused: the next turn starts a new process on the saved session.
-    return done({ phase: 'RETAINED' }, 'locator_mismatch', identity('locator_mismatch', 'resumed session reported a different id'));
+    return done({ phase: 'RETAINED', ...reclaimUnlessExited(false) }, 'locator_mismatch', identity('locator_mismatch', 'resumed session reported a different id'));
   }
   const saved = expected ?? observed;
   if (!end.success && !(end.cleanupFinished && end.transportUsable)) {
     // R-S5: a failure keeps the session only with all three confirmations.
     return unconfirmed(end.cleanupFinished ? 'transport_unusable' : 'cleanup_unfinished', 'unconfirmed', undefined, saved);
   }
-  const turnProcess = inFlight.contextState === 'LIVE' ? inFlight.process : completion.process;
   const reusable = !end.processExits && end.transportUsable && turnProcess !== undefined;
   return done(
-    { phase: 'RETAINED', savedLocator: saved, completedTurns: member.completedTurns + 1, ...(reusable ? { process: turnProcess } : {}) },
+    { phase: 'RETAINED', savedLocator: saved, completedTurns: member.completedTurns + 1, ...(reusable ? { process: turnProcess } : reclaimUnlessExited(false)) },
     end.success ? 'completed' : 'failed_kept',
   );
 }
 
 /** A member's process exited outside our control; it can no longer be LIVE. */
 export function onProcessExited(member: MemberSession, process: ProcessIdentity): MemberSession {
+  if (sameProcess(member.reclaim, process)) {
+    const { reclaim: _r, ...rest } = member;
+    return rest;
+  }
   if (!sameProcess(member.process, process)) return member;
   const { process: _p, ...rest } = member;
   return rest;
@@ -346,9 +366,10 @@ export function onProcessExited(member: MemberSession, process: ProcessIdentity)
 
 /** The member's container was stopped (group stop): no process survives; a turn cut off is unconfirmed. */
 export function onContainerStopped(member: MemberSession): MemberSession {
-  const { process: _p, inFlight: _f, ...rest } = member;
+  // A stopped container ends every process in it: nothing is left to reclaim either.
+  const { process: _p, inFlight: _f, reclaim: _r, ...rest } = member;
   if (member.phase === 'IN_TURN') return { ...rest, phase: 'UNCONFIRMED', unconfirmedCause: 'stopped_mid_turn' };
-  return member.process === undefined ? member : rest;
+  return member.process === undefined && member.reclaim === undefined ? member : rest;
 }
 
 /** The member was restored on a new host (R-G5 proven): the same native state, no process yet. */

@@ -92,6 +92,8 @@ export interface BeginTurnView {
   readonly generation: number;
   readonly containerId: string;
   readonly startedAtMs: number;
+  /** R-S6: the member's container was restarted first, ending a process whose exit was not confirmed. */
+  readonly slotReclaimed?: boolean;
 }
 
 export interface CompleteTurnInput {

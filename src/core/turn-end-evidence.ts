@@ -98,6 +98,11 @@ export type TurnEnd =
       readonly transportUsable: boolean;
       /** The process exits after this turn (R-S6): it must not be reused as LIVE. */
       readonly processExits: boolean;
+      /**
+       * The runner saw the process exit (R-S6). Without it, a process that is not reused is
+       * reclaimed before the next start. Absent = not confirmed.
+       */
+      readonly exitConfirmed?: boolean;
     }
   | { readonly kind: 'not_ended'; readonly cause: NotEndedCause };
 

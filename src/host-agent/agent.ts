@@ -11,7 +11,7 @@ import { existsSync } from 'node:fs';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import type { DockerRuntime } from '../docker/runtime.ts';
-import type { Registration, RegistrationAck, ReclaimNotice } from '../gen/sandboxfleet/v1/agent.ts';
+import type { Registration, RegistrationAck } from '../gen/sandboxfleet/v1/agent.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -23,7 +23,7 @@ import { CommandHandler } from './command-handler.ts';
 import { natsAuthOf, type HostAgentConfig } from './config.ts';
 import { FenceState } from './fencing.ts';
 import { GroupOps } from './group-ops.ts';
-import { Heartbeater } from './heartbeat.ts';
+import { Heartbeater, type NoticeReport } from './heartbeat.ts';
 import { HostHealth } from './host-health.ts';
 import { AgentMetrics } from './metrics.ts';
 import { register } from './registration.ts';
@@ -194,7 +194,7 @@ export class HostAgent {
   }
 
   /** A spot/preemption notice (R-H5), e.g. from SIGUSR2 or a metadata watcher. */
-  reportReclaimNotice(notice: ReclaimNotice): void {
+  reportReclaimNotice(notice: NoticeReport): void {
     this.heartbeater?.reportReclaim(notice);
   }
 

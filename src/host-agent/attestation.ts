@@ -33,8 +33,9 @@ export async function attest(runtime: DockerRuntime, imageRef: string, agentSha:
       helperVersion: helper,
       labelVersion: label,
       agree,
-      // The probe keeps only a validated version; the raw line is that version (bounded anyway).
-      helperOutput: helper.slice(0, MAX_OUTPUT),
+      // The helper's line as printed (`http-agent-live-bridge=4` or `4`), only once the probe
+      // validated it; the control plane parses it again itself (R-H2).
+      helperOutput: (probe.helperOutput ?? '').slice(0, MAX_OUTPUT),
       // The agent claims only what it proved: nothing when the two sources disagree.
       claimedVersion: agree ? helper : '',
     },

@@ -1,13 +1,12 @@
-// The agent's build identity (R-H1): the exact git SHA is baked in at build time
-// (SANDBOXFLEET_AGENT_SHA); in a dev checkout it is the checkout's HEAD. Never a guess: when neither
-// is available the agent reports "unknown", which attestation refuses (agent_sha_unknown).
-import { execFileSync } from 'node:child_process';
+// The agent's build identity (R-H1): the exact git SHA it was built from. An explicit
+// SANDBOXFLEET_AGENT_SHA (tests, the local fleet) wins; then SANDBOXFLEET_BUILD_SHA, which release
+// images bake in (Dockerfile); then a dev checkout's HEAD. Never a guess: with none of them the
+// agent refuses to start (src/config/build-sha.ts) instead of registering as "unknown", which
+// attestation would refuse (agent_sha_unknown) with the cause far away in the image build.
+import { BUILD_SHA_ENV, resolveBuildSha, type BuildSha } from '../config/build-sha.ts';
 
-export function devCheckoutSha(cwd: string): string | undefined {
-  try {
-    const sha = execFileSync('git', ['rev-parse', 'HEAD'], { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'], timeout: 5000 }).trim();
-    return /^(?:[0-9a-f]{40}|[0-9a-f]{64})$/.test(sha) ? sha : undefined;
-  } catch {
-    return undefined;
-  }
+export const AGENT_SHA_ENV = 'SANDBOXFLEET_AGENT_SHA';
+
+export function agentBuildSha(env: NodeJS.ProcessEnv, checkoutDir: string, readCheckout?: (dir: string) => string | undefined): BuildSha {
+  return resolveBuildSha(env, [AGENT_SHA_ENV, BUILD_SHA_ENV], checkoutDir, readCheckout);
 }

@@ -128,6 +128,8 @@ export class CommandHandler {
       }
       case 'startGroup':
         return { payload: { $case: 'startGroup', value: { containerIds: await deps.groups.start(groupId, gen, c.value.memberIds) } } };
+      case 'restartMember':
+        return { payload: { $case: 'restartMember', value: await deps.groups.restartMember(groupId, gen, c.value) } };
       case 'stopGroup': {
         const { evidence, verdict } = await deps.groups.stop(groupId, gen, c.value.graceMs);
         const message = verdict.clean ? 'clean' : `unclean: ${verdict.findings.map((f) => `${f.memberId}:${f.reason}`).join(', ')}`;

@@ -3,7 +3,7 @@
 // the agent keeps its own schema next to the code that uses it.)
 import { z } from 'zod';
 import { hostInboxPrefix } from '../core/agent-subjects.ts';
-import { parseHostId } from '../core/ids.ts';
+import { ID_RULES, parseHostId } from '../core/ids.ts';
 import type { NatsAuthOptions } from '../store/nats-auth.ts';
 
 const IMAGE_ID_RE = /^sha256:[0-9a-f]{64}$/;
@@ -29,7 +29,7 @@ export const DEFAULT_MEMBER_COMMAND = ['/bin/sh', '-c', "trap 'exit 0' TERM; whi
 export const HostAgentConfigSchema = z
   .object({
     /** Stable host identity (the Kubernetes node name in-cluster); names the NATS subjects (R-I2). */
-    hostId: z.string().refine((v) => parseHostId(v).ok, 'host id: letters, digits, ".", "_", "-", starts alphanumeric, ≤ 253'),
+    hostId: z.string().refine((v) => parseHostId(v).ok, `host id: ${ID_RULES.hostId.describe}, ≤ ${ID_RULES.hostId.maxLength}`),
     /** NATS server(s) of the control plane (comma-separated). */
     natsUrl: z.string().trim().min(1),
     /** Docker engine socket this agent drives (the host's own dockerd). */

@@ -5,7 +5,7 @@
 import { existsSync } from 'node:fs';
 import { decideStopCleanliness, type MemberStopEvidence as CoreMemberEvidence, type StopVerdict } from '../core/clean-stop.ts';
 import type { ContainerInfo, DockerRuntime } from '../docker/runtime.ts';
-import type { CleanStopEvidence, CreateGroupCommand, MemberStopEvidence } from '../gen/sandboxfleet/v1/agent.ts';
+import type { CleanStopEvidence, CreateGroupCommand, MemberStopEvidence, RestartMemberCommand, RestartMemberResult } from '../gen/sandboxfleet/v1/agent.ts';
 import { failed, refused } from './command-error.ts';
 import type { HostAgentConfig } from './config.ts';
 import { isoToMs } from './wire.ts';
@@ -99,6 +99,29 @@ export class GroupOps {
       ids[id] = c.id;
     }
     return ids;
+  }
+
+  /**
+   * R-S6 slot reclaim: end every process of the named incarnation of one member's container by
+   * stopping it (SIGTERM, grace, SIGKILL: the engine's escalation) and starting it again; the
+   * writable layer stays. When the container no longer runs that incarnation, whatever ran in it is
+   * already gone: the container is only started if stopped. So a repeated command converges.
+   */
+  async restartMember(groupId: string, generation: number, cmd: RestartMemberCommand): Promise<RestartMemberResult> {
+    const c = (await this.membersAt(groupId, generation)).get(cmd.memberId);
+    if (c === undefined) throw refused('member_not_found', `no container for member ${cmd.memberId} of group ${groupId} at generation ${generation}`);
+    const lingering = c.id === cmd.containerId && c.running && isoToMs(c.startedAt) === cmd.startedAtUnixMs;
+    if (lingering) {
+      const graceSeconds = Math.ceil(Math.min(cmd.graceMs > 0 ? cmd.graceMs : this.deps.config.defaultStopGraceMs, this.deps.config.maxStopGraceMs) / 1000);
+      await this.deps.runtime.stop(c.id, graceSeconds).catch((err: unknown) => {
+        throw failed('stop_failed', `reclaim of member ${cmd.memberId}: ${(err as Error).message}`, err);
+      });
+    }
+    await this.deps.runtime.start(c.id);
+    const after = await this.deps.runtime.find(c.id);
+    const startedAt = after?.running === true ? isoToMs(after.startedAt) : undefined;
+    if (startedAt === undefined) throw failed('start_failed', `member ${cmd.memberId} did not run again after the reclaim`);
+    return { containerId: c.id, startedAtUnixMs: startedAt, restarted: lingering };
   }
 
   /**

@@ -2,10 +2,13 @@
 // the process, inventory and capacity, plus the two "this host is going away" facts the agent can
 // see itself (R-H5): Docker data lost, and a spot/preemption notice. Each of those is also
 // published once on AgentSubjects.notices(hostId) when it first appears, so the control plane
-// need not wait for the next beat. Ticks never overlap; a slow engine delays, not stacks, beats.
+// need not wait for the next beat. Every notice carries the epoch it is sent under (R-H6: the
+// control plane drops one from a revoked epoch), so one that appears before registration is
+// published once the agent holds an epoch. Ticks never overlap; a slow engine delays, not stacks, beats.
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
+import { DOCKER_DATA_LOST_NOTICE } from '../core/host-notice.ts';
 import { Heartbeat, ReclaimNotice } from '../gen/sandboxfleet/v1/agent.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { HostHealth } from './host-health.ts';
@@ -25,11 +28,16 @@ export interface HeartbeaterDeps {
 
 const MAX_NOTICE_FILE_BYTES = 4096;
 
+/** A reclaim notice as reported to the agent; the epoch is stamped when it is sent. */
+export type NoticeReport = Omit<ReclaimNotice, 'hostEpoch'>;
+
 export class Heartbeater {
   private timer: NodeJS.Timeout | undefined;
   private sequence = 0;
   private running: Promise<void> | undefined;
-  private notice: ReclaimNotice | undefined;
+  private notice: NoticeReport | undefined;
+  /** The notice went out on the notice subject (it stays in every heartbeat regardless). */
+  private noticeAnnounced = false;
   private dataLossAnnounced = false;
 
   constructor(private readonly deps: HeartbeaterDeps) {}
@@ -46,15 +54,25 @@ export class Heartbeater {
     await this.running;
   }
 
-  get currentNotice(): ReclaimNotice | undefined {
+  get currentNotice(): NoticeReport | undefined {
     return this.notice;
   }
 
-  /** A reclaim notice from outside (SIGUSR2, a cloud metadata watcher): published now and in every beat. */
-  reportReclaim(notice: ReclaimNotice): void {
+  /**
+   * A reclaim notice from outside (SIGUSR2, a cloud metadata watcher): published now (or, before
+   * registration, with the first epoch) and in every beat.
+   */
+  reportReclaim(notice: NoticeReport): void {
     if (this.notice !== undefined) return;
     this.notice = notice;
-    this.publishNotice(notice);
+    this.announceNotice();
+  }
+
+  private announceNotice(): void {
+    const epoch = this.deps.epoch();
+    if (this.notice === undefined || this.noticeAnnounced || epoch === undefined) return;
+    this.noticeAnnounced = true;
+    this.publishNotice({ ...this.notice, hostEpoch: epoch });
   }
 
   /** Send one heartbeat now (also used right after registration). */
@@ -71,11 +89,12 @@ export class Heartbeater {
     const epoch = deps.epoch();
     if (epoch === undefined) return;
     this.checkNoticeFile();
+    this.announceNotice();
     const snap = await deps.health.snapshot();
     if (snap.dataLost && !this.dataLossAnnounced) {
       this.dataLossAnnounced = true;
       deps.logger.error({ reason: snap.dataLostReason }, 'Docker data directory lost (R-H5)');
-      this.publishNotice({ source: 'docker_data_lost', deadlineUnixMs: 0 });
+      this.publishNotice({ source: DOCKER_DATA_LOST_NOTICE, deadlineUnixMs: 0, hostEpoch: epoch });
     }
     this.sequence += 1;
     const hb: Heartbeat = {
@@ -86,7 +105,7 @@ export class Heartbeater {
       inventory: snap.inventory,
       capacity: snap.capacity,
       dockerDataLost: snap.dataLost,
-      reclaimNotice: this.notice,
+      reclaimNotice: this.notice === undefined ? undefined : { ...this.notice, hostEpoch: epoch },
     };
     try {
       deps.nc.publish(AgentSubjects.heartbeat(deps.hostId), Heartbeat.encode(hb).finish());
@@ -99,7 +118,7 @@ export class Heartbeater {
 
   private publishNotice(notice: ReclaimNotice): void {
     this.deps.metrics.notices.inc({ source: notice.source });
-    this.deps.logger.warn({ source: notice.source, deadlineUnixMs: notice.deadlineUnixMs }, 'publishing reclaim notice (R-H5)');
+    this.deps.logger.warn({ source: notice.source, deadlineUnixMs: notice.deadlineUnixMs, epoch: notice.hostEpoch }, 'publishing reclaim notice (R-H5)');
     try {
       this.deps.nc.publish(AgentSubjects.notices(this.deps.hostId), ReclaimNotice.encode(notice).finish());
     } catch (err) {

@@ -8,6 +8,7 @@
 // down) is retried by a periodic re-check while the Node still says it is going away.
 import { CoreV1Api, KubeConfig, makeInformer, type Informer, type V1Node } from '@kubernetes/client-node';
 import type { RemovalSource } from '../core/host.ts';
+import { isHostId } from '../core/ids.ts';
 import { nodeDepartureSource, type NodeView } from '../core/node-signals.ts';
 import type { Logger } from '../observability/logger.ts';
 
@@ -88,7 +89,12 @@ export class NodeWatcher {
   }
 
   #departed(hostId: string, source: RemovalSource): void {
-    if (hostId === '' || this.#done.has(`${hostId}|${source}`)) return;
+    // Node names are host ids by the same rule (ids.ts); anything else names no host of ours.
+    if (!isHostId(hostId)) {
+      this.#opts.logger.debug({ source }, 'Node departing: its name is not a valid host id; ignored');
+      return;
+    }
+    if (this.#done.has(`${hostId}|${source}`)) return;
     this.#pending.set(hostId, source);
     void this.#apply(hostId, source);
   }

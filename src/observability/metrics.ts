@@ -3,24 +3,46 @@
 // so tests and several in-process components do not collide. No per-sandbox ids as labels.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { ATTESTATION_REASONS } from '../core/attestation.ts';
-import { LOSS_REASONS } from '../core/loss.ts';
+import { LOST_SESSION_REASONS, type LostSessionReason } from '../core/loss.ts';
+
+/**
+ * The LOST counter, typed so that only a reason of LOST_SESSION_REASONS can be counted: every
+ * reason the code can emit is then pre-created at 0 (see the constructor), by construction.
+ */
+export type LostSessionsCounter = Omit<Counter<'reason'>, 'inc'> & {
+  inc(labels: { readonly reason: LostSessionReason }, value?: number): void;
+};
 
 export class FleetMetrics {
   readonly registry: Registry;
   /** R-I3: turns by context state (NEW/LIVE/RESTORED/LOST) and CLI kind. */
   readonly turns: Counter<'context_state' | 'cli'>;
   /** R-I3, R-G6: every LOST session, by reason. Alerted on (R-I4). */
-  readonly lostSessions: Counter<'reason'>;
+  readonly lostSessions: LostSessionsCounter;
   readonly groups: Gauge<'state'>;
   readonly hosts: Gauge<'state'>;
+  /** Per registered (not REMOVED) host, set by the leader's liveness loop; DEAD hosts keep growing. */
   readonly heartbeatAge: Gauge<'host'>;
   readonly attestationRefusals: Counter<'reason'>;
   readonly checkpointBytes: Counter<'kind'>;
   readonly checkpointDuration: Histogram<'phase'>;
+  /**
+   * R-G4 exposure, set by the leader's checkpoint retention pass (control-plane/retention.ts): over
+   * the clean-STOPPED groups, the age of the checkpoint an unplanned host loss would restore from
+   * (the group's latest, if it covers its current state), the oldest of them; 0 when there is none.
+   */
   readonly checkpointAge: Gauge<never>;
+  /** The configured maximum checkpoint age (R-G4): the stale-checkpoint alert fires at a fraction of it. */
+  readonly checkpointMaxAge: Gauge<never>;
+  /** Clean-STOPPED groups with no checkpoint covering their current state: LOST (no_checkpoint) if their host dies. */
+  readonly groupsWithoutCheckpoint: Gauge<never>;
   readonly migrations: Counter<'result'>;
   readonly migrationDuration: Histogram<'result'>;
   readonly locatorMismatches: Counter<'phase'>;
+  /** R-S6 slot reclaims before a RESTORED turn: `restarted`, or `already_gone` when the incarnation had ended. */
+  readonly slotReclaims: Counter<'outcome'>;
+  /** Checkpoints retaken for groups that stayed cleanly stopped (R-G4 age), by result. */
+  readonly checkpointRefreshes: Counter<'result'>;
   readonly fencedReports: Counter<'kind'>;
   readonly casConflicts: Counter<'bucket'>;
   /** Checkpoint GC passes by result (swept, deferred: a checkpoint was in progress, idle: nothing due). */
@@ -41,10 +63,14 @@ export class FleetMetrics {
     this.attestationRefusals = new Counter({ name: 'sandboxfleet_attestation_refusals_total', help: 'Host attestation refusals, by reason', labelNames: ['reason'], registers });
     this.checkpointBytes = new Counter({ name: 'sandboxfleet_checkpoint_bytes_total', help: 'Checkpoint bytes, by kind (layer = logical, stored = new chunk bytes written)', labelNames: ['kind'], registers });
     this.checkpointDuration = new Histogram({ name: 'sandboxfleet_checkpoint_duration_seconds', help: 'Checkpoint and restore phase durations', labelNames: ['phase'], buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
-    this.checkpointAge = new Gauge({ name: 'sandboxfleet_checkpoint_oldest_age_seconds', help: 'Age of the oldest newest-checkpoint among stopped groups', registers });
+    this.checkpointAge = new Gauge({ name: 'sandboxfleet_checkpoint_oldest_age_seconds', help: 'Among clean-stopped groups, the oldest age of the checkpoint a host loss would restore from (0: none)', registers });
+    this.checkpointMaxAge = new Gauge({ name: 'sandboxfleet_checkpoint_max_age_seconds', help: 'Configured maximum checkpoint age: older checkpoints are never restored from (R-G4)', registers });
+    this.groupsWithoutCheckpoint = new Gauge({ name: 'sandboxfleet_stopped_groups_without_checkpoint', help: 'Clean-stopped groups with no checkpoint of their current state (LOST no_checkpoint if their host dies)', registers });
     this.migrations = new Counter({ name: 'sandboxfleet_migrations_total', help: 'Group migrations, by result', labelNames: ['result'], registers });
     this.migrationDuration = new Histogram({ name: 'sandboxfleet_migration_duration_seconds', help: 'Group migration duration', labelNames: ['result'], buckets: [0.5, 1, 2.5, 5, 10, 30, 60, 120, 300], registers });
     this.locatorMismatches = new Counter({ name: 'sandboxfleet_locator_mismatches_total', help: 'Locator mismatches refused, by phase (begin/end)', labelNames: ['phase'], registers });
+    this.slotReclaims = new Counter({ name: 'sandboxfleet_member_slot_reclaims_total', help: 'Member containers restarted before a RESTORED turn to end a process whose exit was not confirmed (R-S6)', labelNames: ['outcome'], registers });
+    this.checkpointRefreshes = new Counter({ name: 'sandboxfleet_checkpoint_refreshes_total', help: 'Checkpoints retaken for groups that stayed cleanly stopped, before they age past the maximum (R-G4), by result', labelNames: ['result'], registers });
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
     this.gcPasses = new Counter({ name: 'sandboxfleet_checkpoint_gc_passes_total', help: 'Checkpoint GC passes, by result (swept, deferred while a checkpoint was in progress, idle)', labelNames: ['result'], registers });
     this.gcDeleted = new Counter({ name: 'sandboxfleet_checkpoint_gc_deleted_total', help: 'Checkpoints and chunks deleted by checkpoint GC', labelNames: ['kind'], registers });
@@ -52,13 +78,25 @@ export class FleetMetrics {
     // Alerts use increase(); a labelled series that first appears at 1 shows no increase, so the
     // first LOST (or refusal) of a reason after a restart would never page. Export every known
     // reason at 0 from the start.
-    for (const reason of LOSS_REASONS) this.lostSessions.inc({ reason }, 0);
+    for (const reason of LOST_SESSION_REASONS) this.lostSessions.inc({ reason }, 0);
     for (const reason of ATTESTATION_REASONS) this.attestationRefusals.inc({ reason }, 0);
     for (const result of ['swept', 'deferred', 'idle']) this.gcPasses.inc({ result }, 0);
   }
 
-  /** A host left the fleet: drop its heartbeat-age series so the missing-heartbeat alert stops. */
+  /** A host left the fleet (REMOVED or deleted): drop its heartbeat-age series so the missing-heartbeat alert stops. */
   forgetHost(hostId: string): void {
     this.heartbeatAge.remove({ host: hostId });
+  }
+
+  /**
+   * This replica is no longer the leader: drop what only the leader's loops keep current, so a
+   * deposed replica does not export a frozen value next to the new leader's (alerts read max()).
+   */
+  leadershipLost(): void {
+    this.heartbeatAge.reset();
+    this.hosts.reset();
+    this.groups.reset();
+    this.checkpointAge.set(0);
+    this.groupsWithoutCheckpoint.set(0);
   }
 }

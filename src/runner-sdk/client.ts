@@ -117,7 +117,11 @@ const END_KIND_TO_PROTO: Readonly<Record<Exclude<EndKind, 'none'>, TurnEndKind>>
 export interface DriverFacts {
   /** (b) Activation cleanup finished. */
   readonly cleanupFinished: boolean;
-  /** The CLI process exit was confirmed (after api_retry or a process exit). */
+  /**
+   * The driver saw the CLI process exit (e.g. a `claude -p` exec returned). The process is gone, so
+   * the next turn is RESTORED, not LIVE; after an api_retry (R-S6) an exit the driver did NOT see
+   * makes the control plane restart the member's container before the next start.
+   */
   readonly exitConfirmed?: boolean;
   readonly exitCode?: number;
 }
@@ -138,7 +142,7 @@ export function completeTurnEvidence(evidence: TurnEndEvidence, facts: DriverFac
       cleanupFinished: facts.cleanupFinished,
       transportUsable: evidence.transportUsable,
       locatorUsable: evidence.observedLocator !== undefined && evidence.locatorConflict === undefined,
-      processExited: evidence.processWillExit || evidence.endKind === 'process_exited',
+      processExited: evidence.processWillExit || evidence.endKind === 'process_exited' || facts.exitConfirmed === true,
       exitConfirmed: facts.exitConfirmed ?? false,
       exitCode: facts.exitConfirmed ? facts.exitCode : undefined,
       nativeTurnId: evidence.nativeTurnId ?? '',

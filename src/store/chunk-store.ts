@@ -28,7 +28,7 @@ import {
   type CheckpointManifest,
   type ChunkRef,
 } from '../core/checkpoint-manifest.ts';
-import { CHECKPOINT_STREAMS, manifestSubject } from '../core/agent-subjects.ts';
+import { CHECKPOINT_STREAMS, hostIdFromToken, manifestSubject } from '../core/agent-subjects.ts';
 import { ensureStream } from './stream-setup.ts';
 
 export type ChunkStoreErrorReason =
@@ -286,8 +286,9 @@ export class ChunkStore {
     const out: { hostId: string; groupId: string; checkpointId: string }[] = [];
     for (const subject of Object.keys(info.state.subjects ?? {})) {
       const [host, groupId, checkpointId, extra] = subject.slice(MANIFEST_PREFIX.length).split('.');
-      if (host === undefined || groupId === undefined || checkpointId === undefined || extra !== undefined) continue;
-      out.push({ hostId: host.replaceAll('~', '.'), groupId, checkpointId });
+      const hostId = host === undefined ? undefined : hostIdFromToken(host);
+      if (hostId === undefined || groupId === undefined || checkpointId === undefined || extra !== undefined) continue;
+      out.push({ hostId, groupId, checkpointId });
     }
     return out;
   }

@@ -11,8 +11,12 @@ import { jsonRecordCodec, type RecordCodec } from './record-codec.ts';
 
 export const EVENTS_SUBJECT_PREFIX = 'sf.events';
 
-/** One subject token: no dots, wildcards or whitespace, so the subject hierarchy stays intact. */
-const subjectToken = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_:=@+-]{0,127}$/, 'must be 1-128 of A-Za-z0-9_:=@+- and start alphanumeric');
+/**
+ * One subject token: no dots, wildcards or whitespace, so the subject hierarchy stays intact. "~"
+ * is admitted because host ids (Kubernetes node names) carry dots, which become "~" in every NATS
+ * subject token of a host (core agent-subjects.ts), events included (control-plane events.ts).
+ */
+const subjectToken = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_:=@+~-]{0,127}$/, 'must be 1-128 of A-Za-z0-9_:=@+~- and start alphanumeric');
 const shortText = (max: number) => z.string().min(1).max(max);
 
 /** An audit event. `id` must be unique and stable across retries of the same logical event. */

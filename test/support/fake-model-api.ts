@@ -30,6 +30,11 @@ export interface FakeModelApi {
   readonly unexpected: string[];
   /** Answer the next `n` message requests with HTTP `status` (e.g. 529 overloaded) before answering normally. */
   failNext(n: number, status: number): void;
+  /**
+   * Hold the answer to every Messages request whose last user text contains `marker` until the
+   * returned release is called (a turn that is still running, for "follow-up while running").
+   */
+  holdRequestsWith(marker: string): () => void;
   close(): Promise<void>;
 }
 
@@ -41,6 +46,7 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
   const requests: RecordedRequest[] = [];
   const unexpected: string[] = [];
   let failures: { n: number; status: number } = { n: 0, status: 500 };
+  const holds = new Map<string, Promise<void>>();
   let seq = 0;
   // The OpenAI Responses API (Codex): the request's input messages are recorded in the Messages
   // shape (role + text blocks), so the same history helpers read both.
@@ -90,32 +96,41 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
         return;
       }
       requests.push({ path, body });
-      if (failures.n > 0) {
-        failures = { ...failures, n: failures.n - 1 };
-        res.writeHead(failures.status, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ type: 'error', error: { type: failures.status === 529 ? 'overloaded_error' : 'api_error', message: 'fake failure' } }));
+      const lastUserText = textOf([...(body.messages ?? [])].reverse().find((m) => m.role === 'user')?.content);
+      const held = [...holds].find(([marker]) => lastUserText.includes(marker))?.[1];
+      if (held !== undefined) {
+        void held.then(() => answerMessages(res, body));
         return;
       }
-      const lastUser = [...(body.messages ?? [])].reverse().find((m) => m.role === 'user');
-      const text = reply(textOf(lastUser?.content));
-      const id = `msg_fake_${++seq}`;
-      const message = { id, type: 'message', role: 'assistant', model: body.model ?? 'claude-fake', content: [] as unknown[], stop_reason: null, stop_sequence: null, usage: { input_tokens: 10, output_tokens: 0 } };
-      if (body.stream !== true) {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        res.end(JSON.stringify({ ...message, content: [{ type: 'text', text }], stop_reason: 'end_turn', usage: { input_tokens: 10, output_tokens: 5 } }));
-        return;
-      }
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
-      const send = (event: string, data: unknown): void => void res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
-      send('message_start', { type: 'message_start', message });
-      send('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
-      send('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
-      send('content_block_stop', { type: 'content_block_stop', index: 0 });
-      send('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 5 } });
-      send('message_stop', { type: 'message_stop' });
-      res.end();
+      answerMessages(res, body);
     });
   });
+  const answerMessages = (res: ServerResponse, body: RecordedRequest['body']): void => {
+    if (failures.n > 0) {
+      failures = { ...failures, n: failures.n - 1 };
+      res.writeHead(failures.status, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ type: 'error', error: { type: failures.status === 529 ? 'overloaded_error' : 'api_error', message: 'fake failure' } }));
+      return;
+    }
+    const lastUser = [...(body.messages ?? [])].reverse().find((m) => m.role === 'user');
+    const text = reply(textOf(lastUser?.content));
+    const id = `msg_fake_${++seq}`;
+    const message = { id, type: 'message', role: 'assistant', model: body.model ?? 'claude-fake', content: [] as unknown[], stop_reason: null, stop_sequence: null, usage: { input_tokens: 10, output_tokens: 0 } };
+    if (body.stream !== true) {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ ...message, content: [{ type: 'text', text }], stop_reason: 'end_turn', usage: { input_tokens: 10, output_tokens: 5 } }));
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const send = (event: string, data: unknown): void => void res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+    send('message_start', { type: 'message_start', message });
+    send('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
+    send('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
+    send('content_block_stop', { type: 'content_block_stop', index: 0 });
+    send('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 5 } });
+    send('message_stop', { type: 'message_stop' });
+    res.end();
+  };
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const address = server.address();
   const port = typeof address === 'object' && address !== null ? address.port : 0;
@@ -125,6 +140,14 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
     unexpected,
     failNext(n, status) {
       failures = { n, status };
+    },
+    holdRequestsWith(marker) {
+      let release!: () => void;
+      holds.set(marker, new Promise<void>((resolve) => (release = resolve)));
+      return () => {
+        holds.delete(marker);
+        release();
+      };
     },
     close: () => new Promise<void>((resolve) => server.close(() => resolve())),
   };

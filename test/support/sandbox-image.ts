@@ -25,6 +25,8 @@ export interface SandboxImageSpec {
   readonly bridgeVersion: number | null;
   /** What the helper's `--version` prints; defaults to bridgeVersion; null builds an image without the helper. */
   readonly helperVersion?: number | null;
+  /** Exact text the helper's `--version` prints instead of `<helperVersion>\n` (needs a tagSuffix). */
+  readonly helperOutput?: string;
   /** More files from this machine, e.g. a native CLI and the libraries it links (content read at build). */
   readonly extraFiles?: readonly ExtraFile[];
   /** Whole directory trees from this machine (files, directories, symlinks as they are). */
@@ -62,12 +64,14 @@ export function imageCacheDir(env: NodeJS.ProcessEnv = process.env): string {
   return env.SANDBOXFLEET_IMAGE_CACHE ?? join(homedir(), '.cache', 'sandboxfleet', 'images');
 }
 
-function helperScript(version: number): string {
+function helperScript(version: number, output?: string): string {
+  // printf with the text as a single-quoted argument: exactly these bytes, newlines included.
+  const print = output === undefined ? `echo ${version}` : `printf '%s' '${output.replace(/'/g, `'\\''`)}'`;
   return [
     '#!/bin/sh',
     '# live-bridge: stand-in for the http-agent live-bridge helper of the sandbox image (R-H2).',
     'case "$1" in',
-    `  --version) echo ${version} ;;`,
+    `  --version) ${print} ;;`,
     '  *) echo "usage: live-bridge --version" >&2; exit 2 ;;',
     'esac',
     '',
@@ -91,7 +95,7 @@ function walk(dir: string, rel = ''): Array<{ rel: string; kind: 'dir' | 'file' 
   return out;
 }
 
-async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = [], extraTrees: readonly ExtraTree[] = []): Promise<Buffer> {
+async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = [], extraTrees: readonly ExtraTree[] = [], helperOutput?: string): Promise<Buffer> {
   const pack = tar.pack();
   const mtime = new Date(0);
   const dir = (name: string, mode = 0o755, uid = 0): void => {
@@ -111,7 +115,7 @@ async function rootfsTar(helperVersion: number | null, extraFiles: readonly Extr
   for (const path of applets) pack.entry({ name: path, type: 'symlink', linkname: '/bin/busybox', mode: 0o777, mtime });
   file('etc/passwd', PASSWD);
   file('etc/group', GROUP);
-  if (helperVersion !== null) file(HELPER_PATH.slice(1), helperScript(helperVersion), 0o755);
+  if (helperVersion !== null) file(HELPER_PATH.slice(1), helperScript(helperVersion, helperOutput), 0o755);
   const made = new Set<string>();
   for (const f of [...extraFiles].sort((a, b) => a.path.localeCompare(b.path))) {
     const parts = f.path.slice(1).split('/');
@@ -187,19 +191,19 @@ const inFlight = new Map<string, Promise<SandboxImage>>();
  */
 export function buildSandboxImage(builder: Docker, spec: SandboxImageSpec): Promise<SandboxImage> {
   const helperVersion = spec.helperVersion === undefined ? spec.bridgeVersion : spec.helperVersion;
-  const key = `${spec.bridgeVersion}/${helperVersion}/${spec.tagSuffix ?? ''}`;
+  const key = `${spec.bridgeVersion}/${helperVersion}/${spec.tagSuffix ?? ''}/${spec.helperOutput ?? ''}`;
   let p = inFlight.get(key);
   if (!p) {
-    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix, spec.extraTrees ?? []);
+    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix, spec.extraTrees ?? [], spec.helperOutput);
     inFlight.set(key, p);
     p.catch(() => inFlight.delete(key));
   }
   return p;
 }
 
-async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined, extraTrees: readonly ExtraTree[]): Promise<SandboxImage> {
-  if ((extraFiles.length > 0 || extraTrees.length > 0) && tagSuffix === undefined) throw new Error('an image with extra files needs a tagSuffix');
-  const rootfs = await rootfsTar(helperVersion, extraFiles, extraTrees);
+async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined, extraTrees: readonly ExtraTree[], helperOutput?: string): Promise<SandboxImage> {
+  if ((extraFiles.length > 0 || extraTrees.length > 0 || helperOutput !== undefined) && tagSuffix === undefined) throw new Error('an image with extra files or a custom helper output needs a tagSuffix');
+  const rootfs = await rootfsTar(helperVersion, extraFiles, extraTrees, helperOutput);
   const changes = changesFor(bridgeVersion);
   const reference = `${referenceFor(bridgeVersion, helperVersion)}${tagSuffix === undefined ? '' : `-${tagSuffix}`}`;
   const digest = createHash('sha256').update(`recipe ${RECIPE_VERSION}\n`).update(JSON.stringify({ changes, reference })).update(rootfs).digest('hex');

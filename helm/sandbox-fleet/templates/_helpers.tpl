@@ -124,4 +124,27 @@ fails the render with the reason.
 {{- if eq (int .Values.controlPlane.grpcPort) (int .Values.controlPlane.opsPort) -}}
 {{- fail "controlPlane.grpcPort and controlPlane.opsPort must differ" -}}
 {{- end -}}
+{{- include "sandbox-fleet.validateAttestation" . -}}
+{{- end -}}
+
+{{/*
+R-H1/R-H2: with an empty allow-list no host can ever become READY, so an install that would admit
+nothing fails here, naming the value to set — unless attestation.allowEmptyPolicy says so on purpose.
+A pinned sandbox image id the policy refuses would leave every chart-managed host UNATTESTED.
+*/}}
+{{- define "sandbox-fleet.validateAttestation" -}}
+{{- $a := .Values.attestation -}}
+{{- if not $a.allowEmptyPolicy -}}
+{{- if not $a.allowedImageDigests -}}
+{{- fail "attestation.allowedImageDigests is empty, so no host could ever become READY (R-H2): list the sandbox image id(s) hosts may run (sha256:..., the Id of `docker image inspect IMAGE`), or set attestation.allowEmptyPolicy=true to install with every host UNATTESTED" -}}
+{{- end -}}
+{{- if not $a.allowedAgentShas -}}
+{{- fail "attestation.allowedAgentShas is empty: list the exact git SHA(s) of the host-agent builds allowed to register (the agent image's org.opencontainers.image.revision label / SANDBOXFLEET_BUILD_SHA), or set attestation.allowEmptyPolicy=true" -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.hostAgent.sandboxImage.id -}}
+{{- if and $.Values.hostAgent.enabled $a.allowedImageDigests (not (has . $a.allowedImageDigests)) -}}
+{{- fail (printf "hostAgent.sandboxImage.id %s is not in attestation.allowedImageDigests: the chart's host agents would never become READY (add it to the list)" .) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

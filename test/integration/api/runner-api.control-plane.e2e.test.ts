@@ -2,14 +2,16 @@
 // server → the real control plane's RunnerBackend → real NATS, real host agents and real dockerd
 // hosts (fleet-harness.ts of the control-plane tests; nothing mocked). Conversation 1: NEW, LIVE,
 // a locator mismatch refused at begin, RESTORED after stop/start, a mismatch refused at end with the
-// saved locator intact. Conversation 2: RESTORED on another host after a drain migration, then LOST
+// saved locator intact. R-S6: after a Claude api_retry whose process exit the runner could not
+// confirm, the next turn is RESTORED on a restarted container and the lingering process is gone; with
+// the exit confirmed, nothing is restarted. Conversation 2: RESTORED on another host after a drain migration, then LOST
 // after that host dies with a turn running.
 import * as grpc from '@grpc/grpc-js';
 import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
-import { ContextState, GroupState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/common.ts';
+import { ContextState, GroupState, StopOutcome, TurnEndKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { TurnEndEvidence } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
@@ -24,6 +26,21 @@ let pki: TestPki;
 let server: ApiServer;
 let runner: RunnerClient;
 let groupId = '';
+
+/** The member container's start time and whether a `sleep 7777` (the stand-in for a lingering CLI) runs in it. */
+async function container(containerId: string): Promise<{ startedAt: string; lingering: boolean }> {
+  const c = fleet.hosts[0]!.docker.getContainer(containerId);
+  const info = await c.inspect();
+  const top = info.State.Running ? await c.top({ ps_args: '-o pid,args' }) : { Processes: [] };
+  return { startedAt: info.State.StartedAt, lingering: (top.Processes ?? []).some((p: string[]) => p.join(' ').includes('sleep 7777')) };
+}
+
+/** Start the stand-in CLI process the runner lost track of, detached, in the member container. */
+async function startLingeringCli(containerId: string): Promise<void> {
+  const exec = await fleet.hosts[0]!.docker.getContainer(containerId).exec({ Cmd: ['sleep', '7777'] });
+  await exec.start({ Detach: true });
+  await fleet.waitFor('stand-in CLI running', async () => ((await container(containerId)).lingering ? true : undefined), 10_000);
+}
 
 async function refusal(p: Promise<unknown>): Promise<RunnerError> {
   const e = await p.then(() => undefined, (err: unknown) => err);
@@ -77,6 +94,45 @@ describe('runner API end to end against the control plane', () => {
     expect({ code: atEnd.codeName, reason: atEnd.reason }).toEqual({ code: 'FAILED_PRECONDITION', reason: 'locator_mismatch' });
     const state = await runner.getGroupState({ groupId });
     expect(state.group?.members[0]?.savedLocator).toBe('sess-e2e-1');
+  });
+
+  it('R-S6: an api_retry turn whose exit is not confirmed gets its slot reclaimed (container restarted) before the next start; a confirmed exit does not', async () => {
+    const opened = await runner.openGroup({ conversationId: 'e2e-conv-retry', members: [{ memberId: 'm1', cli: 'claude-code' }] });
+    const gid = opened.group?.groupId ?? '';
+    const t1 = await runner.beginTurn({ groupId: gid, memberId: 'm1' });
+    await fleet.writeSession(t1.hostId, t1.containerId, 'sess-retry-1');
+    await runner.completeTurn({ groupId: gid, memberId: 'm1', turnId: t1.turnId, observedLocator: 'sess-retry-1', evidence: SUCCESS });
+
+    // Turn 2 hits the api_retry defect: the driver ends the turn and lets the CLI exit, but cannot see it exit.
+    const t2 = await runner.beginTurn({ groupId: gid, memberId: 'm1' });
+    expect(t2).toMatchObject({ contextState: ContextState.LIVE, slotReclaimed: false });
+    await startLingeringCli(t2.containerId);
+    const before = await container(t2.containerId);
+    const retry = successEvidence({ kind: TurnEndKind.API_RETRY, succeeded: false, processExited: true, exitConfirmed: false });
+    const c2 = await runner.completeTurn({ groupId: gid, memberId: 'm1', turnId: t2.turnId, observedLocator: 'sess-retry-1', evidence: retry });
+    expect(c2).toMatchObject({ sessionKept: true, savedLocator: 'sess-retry-1', nextContextState: ContextState.RESTORED });
+
+    const t3 = await runner.beginTurn({ groupId: gid, memberId: 'm1' });
+    expect(t3).toMatchObject({ contextState: ContextState.RESTORED, locator: 'sess-retry-1', slotReclaimed: true, containerId: t2.containerId });
+    const after = await container(t3.containerId);
+    expect(after.lingering).toBe(false);
+    expect(after.startedAt).not.toBe(before.startedAt);
+    const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: gid, limit: 100 });
+    expect(events.map((e) => e.event.type)).toContain('member_slot_reclaimed');
+    // The restarted container runs the new turn, which may be LIVE next time: the slot is clean.
+    await runner.completeTurn({ groupId: gid, memberId: 'm1', turnId: t3.turnId, observedLocator: 'sess-retry-1', evidence: SUCCESS });
+    const t4 = await runner.beginTurn({ groupId: gid, memberId: 'm1' });
+    expect(t4).toMatchObject({ contextState: ContextState.LIVE, slotReclaimed: false });
+
+    // Same defect, exit confirmed by the runner: RESTORED without touching the container.
+    await startLingeringCli(t4.containerId); // not a CLI of this session any more once its exit was seen
+    const confirmed = successEvidence({ kind: TurnEndKind.API_RETRY, succeeded: false, processExited: true, exitConfirmed: true, exitCode: 0 });
+    await runner.completeTurn({ groupId: gid, memberId: 'm1', turnId: t4.turnId, observedLocator: 'sess-retry-1', evidence: confirmed });
+    const untouched = await container(t4.containerId);
+    const t5 = await runner.beginTurn({ groupId: gid, memberId: 'm1' });
+    expect(t5).toMatchObject({ contextState: ContextState.RESTORED, slotReclaimed: false });
+    expect(await container(t5.containerId)).toEqual(untouched);
+    await runner.completeTurn({ groupId: gid, memberId: 'm1', turnId: t5.turnId, observedLocator: 'sess-retry-1', evidence: SUCCESS });
   });
 
   it('reports RESTORED on the new host after a drain migrates the group', async () => {

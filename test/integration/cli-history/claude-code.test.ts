@@ -11,7 +11,9 @@
 //   4. a failed model call (HTTP 500, the CLI retries internally and reports `system/api_retry`):
 //      the detector ends the turn (R-S6) and the session id is kept; the next turn's request holds
 //      the history once, no duplicate of the failed prompt's retries;
-//   5. the control plane refuses a locator change at begin, and the saved one is intact.
+//   5. a follow-up sent while a turn is still running (its model call held open) is refused
+//      (`turn_in_flight`, R-S8); sent after the turn ends it reaches the model once, after it;
+//   6. the control plane refuses a locator change at begin, and the saved one is intact.
 // Member containers use the host network (loopback only) so the CLI reaches the fake.
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -93,6 +95,31 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
     const sent = history(promptRequest(t6.requests, 'MARK-SIX'));
     expect(sent.slice(-2)).toEqual(['assistant:MARK-FIVE', 'user:MARK-SIX']);
     for (const m of ['MARK-ONE', 'MARK-FOUR', 'MARK-FIVE']) expect(sent.filter((s) => s === `user:${m}`)).toHaveLength(1);
+  });
+
+  it('a follow-up while a turn is running is refused until the turn ends, then sent once after it', async () => {
+    const release = h.api.holdRequestsWith('MARK-SEVEN');
+    const running = turn('MARK-SEVEN');
+    running.catch(() => undefined); // awaited below
+    try {
+      const deadline = Date.now() + 60_000;
+      while (!h.api.requests.some((r) => history(r).includes('user:MARK-SEVEN'))) {
+        if (Date.now() > deadline) throw new Error('the CLI never called the model for MARK-SEVEN');
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const followUp = await h.runner.beginTurn({ groupId, memberId: 'claude' }).then(() => undefined, (e: unknown) => e);
+      expect(followUp).toBeInstanceOf(RunnerError);
+      expect((followUp as RunnerError).reason).toBe('turn_in_flight');
+    } finally {
+      release();
+    }
+    const t7 = await running;
+    expect(t7.evidence).toMatchObject({ nativeTurnEnded: true, succeeded: true, assistantText: 'ack MARK-SEVEN' });
+    const t8 = await turn('MARK-EIGHT');
+    expect(t8.begun.contextState).toBe(ContextState.RESTORED); // exec per turn: each turn is a new process
+    const sent = history(promptRequest(t8.requests, 'MARK-EIGHT'));
+    expect(sent.slice(-3)).toEqual(['user:MARK-SEVEN', 'assistant:MARK-SEVEN', 'user:MARK-EIGHT']);
+    for (const m of ['MARK-SIX', 'MARK-SEVEN']) expect(sent.filter((x) => x === `user:${m}`)).toHaveLength(1);
   });
 
   it('refuses a locator change at begin and keeps the saved one', async () => {

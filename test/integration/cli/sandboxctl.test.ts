@@ -1,17 +1,23 @@
 // END TO END for the operator CLI (R-I7, R-H7, R-H5, R-G3..R-G5): the real `sandboxctl` binary
-// (child process, `node --import tsx cmd/sandboxctl/main.ts`) over mTLS with an admin certificate
+// (child process: the launcher cmd/sandboxctl/sandboxctl.mjs, run as `kubectl-sandbox` through a
+// symlink on PATH from another directory, the way kubectl finds plugins) over mTLS with an admin certificate
 // → the API server with the real admin handlers → a real ControlPlane → real NATS, real host
 // agents and real dockerd hosts (fleet-harness.ts; nothing mocked). Covers: hosts table and -o
 // json; verify passing on a healthy fleet and exiting non-zero when the reverse probe fails;
 // migrate of a clean-stopped group (and its refusal for a running one); drain moving a clean
-// stopped group; events listing the transitions in order; destroy.
+// stopped group, with the operator's --reason in the host's audit event; events listing the
+// transitions in order; destroy; remove --force with its reason.
 import { execFile } from 'node:child_process';
-import { join } from 'node:path';
+import { mkdtemp, rm, symlink } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve as resolvePath } from 'node:path';
 import { parse as parseYaml } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createAdminHandlers } from '../../../src/api/admin-handlers.ts';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { API_SHA } from '../../../src/gen/api-sha.ts';
+import { TEST_AGENT_SHA } from '../../support/agent.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
 import { SUCCESS, startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
 
@@ -19,6 +25,7 @@ let fleet: Fleet;
 let plane: ControlPlane;
 let pki: TestPki;
 let server: ApiServer;
+let pluginDir = '';
 let n = 0;
 const key = () => `cli-k-${++n}`;
 
@@ -31,7 +38,8 @@ interface Run {
 function sandboxctl(...args: string[]): Promise<Run> {
   const conn = ['--server', `127.0.0.1:${server.port}`, '--ca', join(pki.dir, 'fleet-ca.crt'), '--cert', join(pki.dir, 'admin-1.crt'), '--key', join(pki.dir, 'admin-1.key')];
   return new Promise((resolve) => {
-    execFile(process.execPath, ['--import', 'tsx', 'cmd/sandboxctl/main.ts', ...conn, ...args], { timeout: 240_000, maxBuffer: 16 * 1024 * 1024 }, (error, stdout, stderr) => {
+    const env = { ...process.env, PATH: `${pluginDir}:${process.env.PATH ?? ''}` };
+    execFile('kubectl-sandbox', [...conn, ...args], { cwd: tmpdir(), env, timeout: 240_000, maxBuffer: 16 * 1024 * 1024 }, (error, stdout, stderr) => {
       const code = error === null ? 0 : typeof (error as { code?: unknown }).code === 'number' ? (error as { code: number }).code : -1;
       resolve({ code, stdout, stderr });
     });
@@ -49,6 +57,8 @@ async function openStoppedGroup(conversationId: string, locator: string): Promis
 }
 
 beforeAll(async () => {
+  pluginDir = await mkdtemp(join(tmpdir(), 'sf-kubectl-plugin-'));
+  await symlink(resolvePath('cmd/sandboxctl/sandboxctl.mjs'), join(pluginDir, 'kubectl-sandbox'));
   [fleet, pki] = await Promise.all([startFleet(2), createTestPki()]);
   plane = await fleet.startPlane();
   await Promise.all([fleet.startAgentOn('host-a', 0), fleet.startAgentOn('host-b', 1)]);
@@ -63,6 +73,7 @@ afterAll(async () => {
   await server?.shutdown(1_000);
   await fleet?.cleanup();
   await pki?.cleanup();
+  if (pluginDir !== '') await rm(pluginDir, { recursive: true, force: true });
 });
 
 describe('sandboxctl against a real fleet', () => {
@@ -92,6 +103,8 @@ describe('sandboxctl against a real fleet', () => {
     expect(v.stderr).toBe('');
     expect(v.code).toBe(0);
     expect(v.stdout).toContain('verify: OK');
+    // R-H7: the exact SHAs, in the table itself.
+    expect(v.stdout).toMatch(new RegExp(`^host-a\\s+READY\\s+${TEST_AGENT_SHA}\\s+${API_SHA}\\s`, 'm'));
     const j = await sandboxctl('-o', 'json', 'verify');
     const res = JSON.parse(j.stdout) as { ok: boolean; hosts: { hostId: string; ok: boolean; probe: { ok: boolean; answeredBy: string; roundTripMs?: number } }[] };
     expect(res.ok).toBe(true);
@@ -122,9 +135,14 @@ describe('sandboxctl against a real fleet', () => {
   });
 
   it('drain moves the clean-stopped group, and events show the transitions in order', async () => {
-    const d = await sandboxctl('drain', 'host-b', '--reason', 'maintenance');
+    const d = await sandboxctl('drain', 'host-b', '--reason', 'kernel upgrade, ticket OPS-42');
     expect(d.code).toBe(0);
     expect(d.stdout).toContain('host host-b DRAINING');
+    // The operator's words are in the audit event next to the machine-readable source.
+    const hostEvents = await sandboxctl('-o', 'json', 'events', '--subject', 'host/host-b');
+    const drained = hostEvents.stdout.trim().split('\n').map((l) => (JSON.parse(l) as { event: { type: string; reason?: string; detail?: Record<string, string> } }).event)
+      .filter((x) => x.type === 'host_drain_requested');
+    expect(drained).toEqual([expect.objectContaining({ reason: 'operator_drain', detail: expect.objectContaining({ operator_reason: 'kernel upgrade, ticket OPS-42' }) })]);
     await fleet.waitFor('group back on host-a', async () => {
       const g = await fleet.group(groupId);
       return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-a' && g.evacuation === undefined ? true : undefined;
@@ -164,5 +182,10 @@ describe('sandboxctl against a real fleet', () => {
     expect(v.code).toBe(1);
     expect(v.stdout).toContain('verify: MISMATCH');
     expect(v.stdout).toMatch(/host-a: reverse probe:/);
+
+    const r = await sandboxctl('remove', 'host-a', '--force', '--reason', 'decommissioned');
+    expect(r.code).toBe(0);
+    const events = await sandboxctl('events', '--subject', 'host/host-a');
+    expect(events.stdout).toMatch(/host_removed \S+→REMOVED {2}reason=operator_remove \(force\) .*operator_reason=decommissioned/);
   });
 });

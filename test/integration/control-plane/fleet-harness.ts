@@ -71,6 +71,11 @@ export interface FleetOptions {
   readonly auth?: boolean;
   /** The sandbox image the hosts run (default: the plain bridge-4 test image). */
   readonly image?: SandboxImageSpec;
+  /**
+   * The host ids agents will use (default host-a, host-b, …, one per dockerd): with `auth`, each
+   * gets its own credentials. An agent's host id need not be its dockerd's name (startAgentOn).
+   */
+  readonly hostIds?: readonly string[];
 }
 
 /** Nkey users and their seed files for a fleet with `auth`. */
@@ -92,7 +97,7 @@ async function fleetCredentials(dir: string, hostIds: readonly string[]): Promis
 }
 
 export async function startFleet(hostCount: number, configOverrides: Partial<ControlPlaneConfig> = {}, options: FleetOptions = {}): Promise<Fleet> {
-  const hostIds = Array.from({ length: hostCount }, (_, i) => dockerHostName(i));
+  const hostIds = options.hostIds ?? Array.from({ length: hostCount }, (_, i) => dockerHostName(i));
   const credsDir = options.auth ? await mkdtemp(join(tmpdir(), 'sf-creds-')) : undefined;
   const creds = credsDir !== undefined ? await fleetCredentials(credsDir, hostIds) : undefined;
   const [natsResult, hostsResult] = await Promise.allSettled([startTestNats(creds !== undefined ? { users: creds.users } : {}), startDockerHosts(hostCount)]);

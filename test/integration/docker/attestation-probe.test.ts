@@ -12,6 +12,8 @@ let good: SandboxImage;
 let old: SandboxImage;
 let lying: SandboxImage;
 let noHelper: SandboxImage;
+let named: SandboxImage;
+let chatty: SandboxImage;
 
 beforeAll(async () => {
   host = await startDockerHost({ name: 'attest' });
@@ -22,6 +24,10 @@ beforeAll(async () => {
   old = await provisionSandboxImage(docker, { bridgeVersion: 3 });
   lying = await provisionSandboxImage(docker, { bridgeVersion: 4, helperVersion: 3 });
   noHelper = await provisionSandboxImage(docker, { bridgeVersion: 4, helperVersion: null });
+  // The helper's documented form (SPEC R-H2, proto BridgeAttestation.helper_output).
+  named = await provisionSandboxImage(docker, { bridgeVersion: 4, helperOutput: 'http-agent-live-bridge=4\n', tagSuffix: 'named' });
+  // The right line followed by more text: not one line, so not a version.
+  chatty = await provisionSandboxImage(docker, { bridgeVersion: 4, helperOutput: 'http-agent-live-bridge=4\nready\n', tagSuffix: 'chatty' });
 });
 
 afterAll(async () => {
@@ -31,7 +37,7 @@ afterAll(async () => {
 describe('probeAttestation', () => {
   it('reports 4/4 agreeing on the current image, with engine facts and the image id', async () => {
     const p = await probeAttestation(rt, good.reference);
-    expect(p).toMatchObject({ labelBridgeVersion: '4', helperBridgeVersion: '4', agree: true, problems: [], imageId: good.imageId, storageDriver: 'overlay2' });
+    expect(p).toMatchObject({ labelBridgeVersion: '4', helperBridgeVersion: '4', helperOutput: '4', agree: true, problems: [], imageId: good.imageId, storageDriver: 'overlay2' });
     expect(p.engineVersion).toMatch(/^\d+\.\d+/);
     expect(p.repoTags).toContain(good.reference);
   });
@@ -44,6 +50,18 @@ describe('probeAttestation', () => {
   it('catches an image whose label says 4 but whose helper prints 3', async () => {
     const p = await probeAttestation(rt, lying.reference);
     expect(p).toMatchObject({ labelBridgeVersion: '4', helperBridgeVersion: '3', agree: false });
+  });
+
+  it('accepts the helper printing `http-agent-live-bridge=4` and keeps that line as printed', async () => {
+    const p = await probeAttestation(rt, named.reference);
+    expect(p).toMatchObject({ labelBridgeVersion: '4', helperBridgeVersion: '4', helperOutput: 'http-agent-live-bridge=4', agree: true, problems: [] });
+  });
+
+  it('refuses a helper that prints more than the one version line, with its reason', async () => {
+    const p = await probeAttestation(rt, chatty.reference);
+    expect(p).toMatchObject({ labelBridgeVersion: '4', helperBridgeVersion: null, helperOutput: null, agree: false });
+    expect(p.problems.map((x) => x.problem)).toEqual(['helper_output_malformed']);
+    expect(p.problems[0]!.detail).toContain('ready');
   });
 
   it('reports a missing helper as a problem, not a version', async () => {

@@ -2,7 +2,9 @@
 // --strict`, `helm template` parsed and inspected object by object, the values schema refusing
 // bad values, the embedded NATS config accepted by the pinned nats-server, and the one rule file
 // both checked and unit-tested by promtool — including a wrong expectation that must fail, so
-// this test can fail. No Kubernetes API server here: installing the chart is a later issue.
+// this test can fail. The attestation policy (R-H2) is required: every render below passes one
+// (POLICY) except those that check the refusal of an empty one. No Kubernetes API server here:
+// installing the chart is a later issue.
 import { execFile, spawn } from 'node:child_process';
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -11,6 +13,7 @@ import { parse, parseAllDocuments } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connect, nkeyAuthenticator } from '@nats-io/transport-node';
 import { natsUserEntry } from '../../../src/cli/commands.ts';
+import { loadControlPlaneConfig } from '../../../src/config/control-plane.ts';
 import { toolPath } from '../../../src/config/tools.ts';
 import { hostPermissions } from '../../../src/core/agent-subjects.ts';
 import { newNkeyUser } from '../../../src/store/nats-auth.ts';
@@ -25,6 +28,10 @@ const NAMESPACE = 'fleet';
 const FULLNAME = 'sf-sandbox-fleet';
 // This helm build defaults to Kubernetes v1.20 when no cluster is reachable; the chart needs ≥1.27.
 const KUBE_VERSION = '1.31.0';
+// An attestation policy (R-H2): without one the chart refuses to render.
+const AGENT_SHA = 'a'.repeat(40);
+const OTHER_AGENT_SHA = 'b'.repeat(64);
+const IMAGE_ID = `sha256:${'c'.repeat(64)}`;
 
 interface Run {
   readonly code: number;
@@ -45,7 +52,12 @@ function run(file: string, args: readonly string[], cwd = CHART): Promise<Run> {
 // Kubernetes objects are read structurally; these are the few fields the assertions touch.
 type Obj = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
 
+/** `helm template` with the test policy first, so later -f/--set override it. */
 async function template(args: readonly string[] = []): Promise<Obj[]> {
+  return templateWithout([...policy, ...args]);
+}
+
+async function templateWithout(args: readonly string[]): Promise<Obj[]> {
   const r = await run(helm, ['template', RELEASE, CHART, '--namespace', NAMESPACE, '--kube-version', KUBE_VERSION, ...args]);
   expect(r.stderr).toBe('');
   expect(r.code).toBe(0);
@@ -78,12 +90,17 @@ let helm: string;
 let promtool: string;
 let natsServer: string;
 let scratch: string;
+/** `-f <policy.yaml>`: the attestation policy every render needs. */
+let policy: string[];
 
 beforeAll(async () => {
   helm = toolPath('helm');
   promtool = toolPath('promtool');
   natsServer = toolPath('nats-server');
   scratch = await mkdtemp(join(tmpdir(), 'sf-helm-'));
+  const file = join(scratch, 'policy.yaml');
+  await writeFile(file, `attestation:\n  allowedAgentShas: [${AGENT_SHA}, ${OTHER_AGENT_SHA}]\n  allowedImageDigests: ["${IMAGE_ID}"]\n`);
+  policy = ['-f', file];
 });
 
 afterAll(async () => {
@@ -91,12 +108,19 @@ afterAll(async () => {
 });
 
 describe('helm lint', () => {
-  it('passes --strict with the default and the production values', async () => {
-    for (const extra of [[], ['-f', PRODUCTION_VALUES]]) {
+  it('passes --strict with the default values plus a policy, and with the production values', async () => {
+    for (const extra of [policy, ['-f', PRODUCTION_VALUES]]) {
       const r = await run(helm, ['lint', '--strict', CHART, ...extra]);
       expect(r.code, r.stdout + r.stderr).toBe(0);
       expect(r.stdout).toContain('0 chart(s) failed');
     }
+  });
+
+  it('reports the missing attestation policy of the bare defaults', async () => {
+    // Lint mode only logs a template's `fail` (helm does so on purpose, for `required` values);
+    // `helm template`/`install` refuse — see "values the chart refuses".
+    const r = await run(helm, ['lint', '--strict', CHART]);
+    expect(r.stdout + r.stderr).toContain('Fail: attestation.allowedImageDigests is empty');
   });
 });
 
@@ -176,6 +200,13 @@ describe('helm template with default values', () => {
     expect(e.get('SANDBOXFLEET_TLS_RUNNER_CA_FILE')?.value).toBe('/etc/sandboxfleet/runner-ca/ca.crt');
     expect(e.get('SANDBOXFLEET_TLS_ADMIN_CA_FILE')?.value).toBe('/etc/sandboxfleet/admin-ca/ca.crt');
     expect(e.has('SANDBOXFLEET_GRPC_INSECURE')).toBe(false);
+    // R-H2: the policy, in the exact form src/config/control-plane.ts parses.
+    expect(e.get('SANDBOXFLEET_ALLOWED_AGENT_SHAS')?.value).toBe(`${AGENT_SHA},${OTHER_AGENT_SHA}`);
+    expect(e.get('SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS')?.value).toBe(IMAGE_ID);
+    const config = loadControlPlaneConfig(Object.fromEntries([...e].filter(([, v]) => typeof v.value === 'string').map(([k, v]) => [k, v.value as string])));
+    expect(config).toMatchObject({ allowedAgentShas: [AGENT_SHA, OTHER_AGENT_SHA], allowedImageDigests: [IMAGE_ID] });
+    // The build SHA is the image's own (baked in by the Dockerfile), never the chart's word.
+    expect(e.has('SANDBOXFLEET_BUILD_SHA')).toBe(false);
     const secrets = (pod.volumes as Obj[]).filter((v) => v.secret).map((v) => v.secret.secretName);
     expect(secrets).toEqual([`${FULLNAME}-grpc-tls`, `${FULLNAME}-runner-ca`, `${FULLNAME}-admin-ca`]);
 
@@ -213,6 +244,9 @@ describe('helm template with default values', () => {
     expect(c.securityContext).toMatchObject({ privileged: true, readOnlyRootFilesystem: true });
     expect(env(c).get('SANDBOXFLEET_HOST_ID')?.valueFrom).toEqual({ fieldRef: { fieldPath: 'spec.nodeName' } });
     expect(env(c).get('SANDBOXFLEET_IMAGE_REF')?.value).toBe('sandbox-fleet/sandbox:0.1.0');
+    // The agent reports the SHA baked into its image; the chart never overrides it.
+    expect(env(c).has('SANDBOXFLEET_BUILD_SHA')).toBe(false);
+    expect(env(c).has('SANDBOXFLEET_AGENT_SHA')).toBe(false);
     const volumes = new Map((pod.volumes as Obj[]).map((v) => [v.name as string, v]));
     expect(volumes.get('docker-socket')?.hostPath).toEqual({ path: '/var/run/docker.sock', type: 'Socket' });
     expect(volumes.get('docker-data')?.hostPath).toEqual({ path: '/var/lib/docker', type: 'Directory' });
@@ -347,6 +381,8 @@ describe('helm template with the production values', () => {
     expect(env(cp).get('SANDBOXFLEET_STORE_REPLICAS')?.value).toBe('3');
     expect(env(cp).get('SANDBOXFLEET_NATS_CREDS')?.value).toBe('/etc/sandboxfleet/nats-creds/creds');
     expect(env(cp).get('SANDBOXFLEET_NATS_CA')?.value).toBe('/etc/sandboxfleet/nats-ca/ca.crt');
+    expect(env(cp).get('SANDBOXFLEET_ALLOWED_AGENT_SHAS')?.value).toBe('4'.repeat(40));
+    expect(env(cp).get('SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS')?.value).toBe('sha256:' + '3'.repeat(64));
 
     const agent = container(find(objects, 'DaemonSet', `${FULLNAME}-host-agent`).spec.template.spec);
     // Agents administer no stream (R-R5): replicas are the control plane's setting only.
@@ -358,8 +394,8 @@ describe('helm template with the production values', () => {
 });
 
 describe('values the chart refuses', () => {
-  async function refused(args: readonly string[]): Promise<string> {
-    const r = await run(helm, ['template', RELEASE, CHART, '--kube-version', KUBE_VERSION, ...args]);
+  async function refused(args: readonly string[], withPolicy = true): Promise<string> {
+    const r = await run(helm, ['template', RELEASE, CHART, '--kube-version', KUBE_VERSION, ...(withPolicy ? policy : []), ...args]);
     expect(r.code).not.toBe(0);
     expect(r.stdout).toBe('');
     return r.stderr;
@@ -392,6 +428,26 @@ describe('values the chart refuses', () => {
     expect(await refused(['--set', 'controlPlane.grpcPort=70000'])).toMatch(/\/controlPlane\/grpcPort/);
   });
 
+  it('refuses an empty attestation policy (no host could become READY) with a message that says what to set', async () => {
+    const digests = `attestation.allowedImageDigests={${IMAGE_ID}}`;
+    const shas = `attestation.allowedAgentShas={${AGENT_SHA}}`;
+    expect(await refused([], false)).toMatch(/attestation\.allowedImageDigests is empty, so no host could ever become READY .*attestation\.allowEmptyPolicy=true/);
+    expect(await refused(['--set', shas], false)).toContain('attestation.allowedImageDigests is empty');
+    expect(await refused(['--set', digests], false)).toMatch(/attestation\.allowedAgentShas is empty: list the exact git SHA/);
+    // A pinned sandbox image the policy refuses would leave every chart-managed host UNATTESTED.
+    expect(await refused(['--set', `hostAgent.sandboxImage.id=sha256:${'d'.repeat(64)}`])).toContain(`hostAgent.sandboxImage.id sha256:${'d'.repeat(64)} is not in attestation.allowedImageDigests`);
+    // Malformed entries are refused by the schema.
+    expect(await refused(['--set', 'attestation.allowedAgentShas={deadbeef}'], false)).toMatch(/\/attestation\/allowedAgentShas\/0/);
+    expect(await refused(['--set', `attestation.allowedImageDigests={${'c'.repeat(64)}}`], false)).toMatch(/\/attestation\/allowedImageDigests\/0/);
+  });
+
+  it('renders an empty policy only when allowEmptyPolicy says so', async () => {
+    const objects = await templateWithout(['--set', 'attestation.allowEmptyPolicy=true']);
+    const e = env(container(find(objects, 'Deployment', `${FULLNAME}-control-plane`).spec.template.spec));
+    expect(e.get('SANDBOXFLEET_ALLOWED_AGENT_SHAS')?.value).toBe('');
+    expect(e.get('SANDBOXFLEET_ALLOWED_IMAGE_DIGESTS')?.value).toBe('');
+  });
+
   it('refuses inconsistent NATS wiring with a message that says what to do', async () => {
     expect(await refused(['--set', 'nats.embedded=false'])).toContain('nats.external.url is required when nats.embedded is false');
     expect(await refused(['--set', 'store.replicas=3'])).toContain('store.replicas=3 needs a replicated NATS cluster');
@@ -403,12 +459,12 @@ describe('values the chart refuses', () => {
 describe('NOTES.txt', () => {
   // helm renders NOTES only on install (which needs a cluster); a scratch copy of the chart
   // renders the same text through a ConfigMap so its branches can be read here.
-  async function notes(args: readonly string[]): Promise<string> {
+  async function notes(args: readonly string[], withPolicy = true): Promise<string> {
     const copy = join(scratch, `notes-${args.length}`);
     await cp(CHART, copy, { recursive: true });
     await cp(join(copy, 'templates/NOTES.txt'), join(copy, 'files/notes.txt'));
     await writeFile(join(copy, 'templates/notes-probe.yaml'), 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}\n');
-    const r = await run(helm, ['template', RELEASE, copy, '--kube-version', KUBE_VERSION, '--show-only', 'templates/notes-probe.yaml', ...args]);
+    const r = await run(helm, ['template', RELEASE, copy, '--kube-version', KUBE_VERSION, '--show-only', 'templates/notes-probe.yaml', ...(withPolicy ? policy : []), ...args]);
     expect(r.code, r.stderr).toBe(0);
     return (parse(r.stdout) as Obj).data.notes as string;
   }
@@ -421,6 +477,13 @@ describe('NOTES.txt', () => {
     const production = await notes(['-f', PRODUCTION_VALUES]);
     expect(production).not.toContain('WARNING');
     expect(production).toContain('sandbox-fleet-runner-ca');
+    expect(production).toContain(`Attestation (R-H2): hosts are admitted with agent build(s) ${'4'.repeat(40)}`);
+  });
+
+  it('warns that no host becomes READY when installed with an empty policy on purpose', async () => {
+    const text = await notes(['--set', 'attestation.allowEmptyPolicy=true'], false);
+    expect(text).toContain('WARNING: installed with an empty attestation policy (attestation.allowEmptyPolicy=true).\nNo sandbox image id is allowed (attestation.allowedImageDigests): NO host becomes READY.');
+    expect(text).toMatch(/only agents of the control plane's own\s+build SHA are allowed/);
   });
 });
 
@@ -428,7 +491,7 @@ describe('alert rules under promtool', () => {
   it('are a valid rule file', async () => {
     const r = await run(promtool, ['check', 'rules', ALERTS]);
     expect(r.code, r.stdout + r.stderr).toBe(0);
-    expect(r.stdout).toContain('SUCCESS: 7 rules found');
+    expect(r.stdout).toContain('SUCCESS: 8 rules found');
   });
 
   it('use only metric names of the R-I3 catalogue', async () => {

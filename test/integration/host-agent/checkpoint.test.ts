@@ -218,7 +218,7 @@ describe('checkpoint on host A, restore on host B', () => {
     const hb = heartbeats(nc, 'host-a');
     const n = notices(nc, 'host-a');
     await hostA!.destroy();
-    expect(await n.waitFor((x) => x.source === 'docker_data_lost', 15_000)).toBeDefined();
+    expect(await n.waitFor((x) => x.source === 'docker_data_lost', 15_000)).toMatchObject({ hostEpoch: agentA!.agent.epoch });
     await hb.waitFor((h) => h.dockerDataLost, 15_000);
     await Promise.all([hb.stop(), n.stop(), agentA!.stop()]);
   });

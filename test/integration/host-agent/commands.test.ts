@@ -123,6 +123,32 @@ describe('create / start / stop / delete', () => {
     expect(value(await send(1, { $case: 'deleteGroup', value: { groupId: 'g2', reason: 'destroyed' } }), 'deleteGroup').removedContainerIds).toEqual([]);
     expect(await rt.listMembers('g2')).toEqual([]);
   });
+
+  it('restarts one member to reclaim its slot (R-S6) only while it still runs the named incarnation', async () => {
+    const { containerIds } = value(await create('g3', [['m1', CliKind.CLAUDE_CODE]]), 'createGroup');
+    value(await send(1, { $case: 'startGroup', value: { groupId: 'g3', memberIds: [] } }), 'startGroup');
+    const id = containerIds['m1']!;
+    const startedAt = async () => Date.parse((await rt.find(id))!.startedAt!);
+    const first = await startedAt();
+    const restart = (startedAtUnixMs: number, commandId?: string) =>
+      send(1, { $case: 'restartMember', value: { groupId: 'g3', memberId: 'm1', containerId: id, startedAtUnixMs, graceMs: 2000 } }, commandId);
+    const r1 = value(await restart(first, 'reclaim-g3-1'), 'restartMember');
+    expect(r1).toMatchObject({ containerId: id, restarted: true });
+    expect(r1.startedAtUnixMs).toBeGreaterThan(first);
+    expect(r1.startedAtUnixMs).toBe(await startedAt());
+    // The same command again is answered from the result cache; a new command for the gone incarnation
+    // finds nothing to end and leaves the running container alone.
+    expect(value(await restart(first, 'reclaim-g3-1'), 'restartMember')).toEqual(r1);
+    expect(value(await restart(first), 'restartMember')).toEqual({ containerId: id, startedAtUnixMs: r1.startedAtUnixMs, restarted: false });
+    expect(await startedAt()).toBe(r1.startedAtUnixMs);
+    // A stopped member is only started again.
+    value(await send(1, { $case: 'stopGroup', value: { groupId: 'g3', graceMs: 2000 } }), 'stopGroup');
+    const r3 = value(await restart(first), 'restartMember');
+    expect(r3.restarted).toBe(false);
+    expect(await states('g3')).toEqual({ m1: 'running' });
+    expect(await send(1, { $case: 'restartMember', value: { groupId: 'g3', memberId: 'nobody', containerId: id, startedAtUnixMs: first, graceMs: 0 } })).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'member_not_found' });
+    value(await send(1, { $case: 'deleteGroup', value: { groupId: 'g3', reason: 'destroyed' } }), 'deleteGroup');
+  });
 });
 
 describe('fencing (R-H6)', () => {

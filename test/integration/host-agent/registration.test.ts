@@ -133,16 +133,19 @@ describe('commands at the host scope', () => {
 });
 
 describe('going away (R-H5)', () => {
-  it('publishes a reclaim notice when the notice file appears, and keeps it in heartbeats', async () => {
+  it('publishes a reclaim notice under its epoch when the notice file appears, and keeps it in heartbeats', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'sf-notice-'));
     const file = join(dir, 'reclaim');
     const n = notices(nc, 'reg-spot');
     const hb = heartbeats(nc, 'reg-spot');
-    await agentOn('reg-spot', good, { reclaimNoticeFile: file });
+    const a = await agentOn('reg-spot', good, { reclaimNoticeFile: file });
     writeFileSync(file, JSON.stringify({ source: 'spot', deadlineUnixMs: 1_900_000_000_000 }));
     const notice = await n.waitFor(() => true, 10_000);
-    expect(notice).toEqual({ source: 'spot', deadlineUnixMs: 1_900_000_000_000 });
-    await hb.waitFor((h) => h.reclaimNotice?.source === 'spot', 10_000);
+    // R-H6: the notice names the epoch it was sent under, so a revoked epoch's notice can be fenced.
+    expect(notice).toEqual({ source: 'spot', deadlineUnixMs: 1_900_000_000_000, hostEpoch: a.agent.epoch });
+    expect(notice.hostEpoch).toBeGreaterThan(0);
+    const beat = await hb.waitFor((h) => h.reclaimNotice?.source === 'spot', 10_000);
+    expect(beat.reclaimNotice?.hostEpoch).toBe(beat.hostEpoch);
     await Promise.all([n.stop(), hb.stop()]);
   });
 
@@ -157,7 +160,7 @@ describe('going away (R-H5)', () => {
       expect(reg.attestation!.bridge!.agree).toBe(true);
       await hb.waitFor(() => true, 20_000);
       child.kill('SIGUSR2');
-      expect(await n.waitFor(() => true, 10_000)).toMatchObject({ source: 'preemption' });
+      expect(await n.waitFor(() => true, 10_000)).toMatchObject({ source: 'preemption', hostEpoch: responder.epochs.get('reg-proc') });
       child.kill('SIGTERM');
       expect(await child.exited).toBe(0);
       expect(child.output()).toContain('host agent stopped');

@@ -10,7 +10,7 @@ const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 
 describe('ids (R-R4)', () => {
   it('accepts well-formed ids', () => {
-    expect(unwrap(parseHostId('host-a.example_1'))).toBe('host-a.example_1');
+    expect(unwrap(parseHostId('host-a.example-1'))).toBe('host-a.example-1');
     expect(unwrap(parseLocator('3f1c2a9e-1111-4c4c-9a9a-0123456789ab'))).toBe('3f1c2a9e-1111-4c4c-9a9a-0123456789ab');
     expect(unwrap(parseLocator('ses_01HZX'))).toBe('ses_01HZX');
     expect(unwrap(parseDigest(`sha256:${'a'.repeat(64)}`))).toBe(`sha256:${'a'.repeat(64)}`);

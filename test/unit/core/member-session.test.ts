@@ -40,10 +40,11 @@ describe('begin: context state (R-S1, R-S3)', () => {
     expect(b).toMatchObject({ contextState: 'LIVE', effectiveLocator: L1, startProcess: false });
   });
 
-  it('RESTORED when a different process (or none) runs on the retained state; an unknown process is reclaimed', () => {
+  it('RESTORED when a different process (or none) runs on the retained state; a process that never ran a turn is not reclaimed', () => {
     expect(began(beginTurn(retained(), { turnId: 't2' }, present(), 5))).toMatchObject({ contextState: 'RESTORED', effectiveLocator: L1, startProcess: true });
     const b = began(beginTurn(retained(), { turnId: 't2' }, present(P2), 5));
-    expect(b).toMatchObject({ contextState: 'RESTORED', reclaimProcess: P2 });
+    expect(b).toMatchObject({ contextState: 'RESTORED', startProcess: true });
+    expect(b.reclaimProcess).toBeUndefined();
   });
 
   it('refuses a request locator that differs from the saved one, and any locator for a fresh member', () => {
@@ -139,9 +140,31 @@ describe('complete: locators and evidence (R-S2, R-S5, R-S6)', () => {
   it('Claude api_retry (R-S6): the turn ends, the locator is saved, the next turn is RESTORED with the old process reclaimed', () => {
     const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1' }, present(), 0));
     const c = completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: { ...failedKept, processExits: true }, process: P1 }));
-    expect(c.member).toMatchObject({ phase: 'RETAINED', savedLocator: L1 });
+    expect(c.member).toMatchObject({ phase: 'RETAINED', savedLocator: L1, reclaim: P1 });
     const next = began(beginTurn(c.member, { turnId: 't2' }, present(P1), 6));
     expect(next).toMatchObject({ contextState: 'RESTORED', reclaimProcess: P1, effectiveLocator: L1 });
+    expect(next.member.reclaim).toBeUndefined();
+  });
+
+  it('R-S6: a confirmed exit needs no reclaim; a reclaim is moot once the incarnation is gone', () => {
+    const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1' }, present(), 0));
+    const confirmed = completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: { ...failedKept, processExits: true, exitConfirmed: true }, process: P1 })).member;
+    expect(confirmed.reclaim).toBeUndefined();
+    expect(began(beginTurn(confirmed, { turnId: 't2' }, present(P1), 6)).reclaimProcess).toBeUndefined();
+    const unconfirmed = completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: { ...failedKept, processExits: true }, process: P1 })).member;
+    // The container restarted since (another incarnation runs), or the exit was seen, or it stopped.
+    expect(began(beginTurn(unconfirmed, { turnId: 't2' }, present(P2), 6)).reclaimProcess).toBeUndefined();
+    expect(onProcessExited(unconfirmed, P1).reclaim).toBeUndefined();
+    expect(onContainerStopped(unconfirmed).reclaim).toBeUndefined();
+  });
+
+  it('R-S6: a process that is not reused for another reason (transport lost, locator mismatch) is reclaimed too', () => {
+    const b = began(beginTurn(retained(), { turnId: 't2' }, present(), 5));
+    const lostTransport = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end: { ...success, transportUsable: false }, process: P2 })).member;
+    expect(lostTransport).toMatchObject({ phase: 'RETAINED', reclaim: P2 });
+    const mismatch = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L2, end: success, process: P2 })).member;
+    expect(mismatch).toMatchObject({ phase: 'RETAINED', savedLocator: L1, reclaim: P2 });
+    expect(began(beginTurn(mismatch, { turnId: 't3' }, present(P2), 6)).reclaimProcess).toEqual(P2);
   });
 
   it('missing or invalid observed locators are refused and leave the member unconfirmed', () => {

@@ -65,6 +65,8 @@ interface ModelMember {
   completed: number;
   /** The process that may be reused LIVE. */
   live?: ProcessIdentity;
+  /** R-S6: the last turn's process, not reused and not confirmed exited: end it before another starts. */
+  reclaim?: ProcessIdentity;
   inFlight?: { turnId: string; expected?: string; process: ProcessIdentity };
   lastTurnId?: string;
 }
@@ -78,7 +80,14 @@ interface Model {
 }
 
 /** The physical world the host agent observes. */
-interface WorldMember { containerId: string; present: boolean; intact: boolean; running?: ProcessIdentity }
+interface WorldMember {
+  containerId: string;
+  present: boolean;
+  intact: boolean;
+  running?: ProcessIdentity;
+  /** Incarnations that ran a turn on the member's native session. */
+  turnProcs?: Set<string>;
+}
 
 const same = (a?: ProcessIdentity, b?: ProcessIdentity) => a !== undefined && b !== undefined && a.containerId === b.containerId && a.incarnation === b.incarnation;
 const loc = (s: string): Locator => unwrap(parseLocator(s));
@@ -126,6 +135,7 @@ function run(actions: Action[]): void {
       sessions[i] = onRestored(sessions[i]!);
       const mm = model.members[i]!;
       delete mm.live;
+      delete mm.reclaim;
       if (mm.inFlight) { delete mm.inFlight; mm.status = 'unconfirmed'; }
     }
   };
@@ -133,7 +143,7 @@ function run(actions: Action[]): void {
     expect(reason, 'every LOST carries a reason').toBeDefined();
     sessions = sessions.map((s) => markMemberLost(s, 'group_lost'));
     model.groupState = 'LOST';
-    for (const mm of model.members) { if (mm.status !== 'lost') mm.status = 'lost'; delete mm.inFlight; delete mm.live; }
+    for (const mm of model.members) { if (mm.status !== 'lost') mm.status = 'lost'; delete mm.inFlight; delete mm.live; delete mm.reclaim; }
   };
 
   const doStop = (a: { killed: [boolean, boolean] }) => {
@@ -165,6 +175,7 @@ function run(actions: Action[]): void {
       delete world[i]!.running;
       const mm = model.members[i]!;
       delete mm.live;
+      delete mm.reclaim;
       if (mm.inFlight) { delete mm.inFlight; mm.status = 'unconfirmed'; }
     }
     return;
@@ -235,6 +246,7 @@ function run(actions: Action[]): void {
           if (!r.ok) { expect(r.contextState).toBe('LOST'); expect(r.member.phase).toBe('LOST'); expect(r.member.lostReason).toBeDefined(); }
           mm.status = 'lost';
           delete mm.live;
+          delete mm.reclaim;
           break;
         }
         if (!retained && (!w.present || !w.intact)) {
@@ -264,14 +276,21 @@ function run(actions: Action[]): void {
           expect(mm.completed).toBeGreaterThan(0);
           expect(w.present && w.intact).toBe(true);
           expect(r.startProcess).toBe(true);
-          if (w.running) expect(r.reclaimProcess).toEqual(w.running);
+          // R-S6 safety, from the world alone: a process that ran a turn on this session and may still
+          // run is ended before another one starts on it (never two processes on one session).
+          if (w.running !== undefined && w.turnProcs?.has(w.running.incarnation) === true) expect(r.reclaimProcess).toEqual(w.running);
+          // The model: exactly the lingering process is reclaimed, nothing else (no needless restarts).
+          expect(r.reclaimProcess).toEqual(same(mm.reclaim, w.running) ? w.running : undefined);
+          if (r.reclaimProcess !== undefined) hit('begin:reclaim');
         }
+        delete mm.reclaim;
         hit(`begin:${r.contextState}`);
         if (r.contextState !== 'NEW') expect(r.effectiveLocator).toBe(mm.saved);
         // The world follows the host agent's instructions.
         if (r.startProcess) w.running = { containerId: w.containerId, incarnation: fresh() };
         if (r.contextState === 'RESTORED') delete mm.live;
         mm.inFlight = { turnId, ...(mm.saved !== undefined ? { expected: mm.saved } : {}), process: w.running! };
+        (w.turnProcs ??= new Set()).add(w.running!.incarnation);
         break;
       }
 
@@ -296,7 +315,7 @@ function run(actions: Action[]): void {
         const cleanup = a.end !== 'failNoCleanup';
         const transport = a.end !== 'failNoTransport';
         const end: TurnEnd = ended
-          ? { kind: 'ended', success, cleanupFinished: cleanup, transportUsable: transport, processExits: a.processExits }
+          ? { kind: 'ended', success, cleanupFinished: cleanup, transportUsable: transport, processExits: a.processExits, exitConfirmed: a.processExits && a.exitConfirmed }
           : { kind: 'not_ended', cause: a.processExits ? 'transport_disconnect' : 'timeout' };
         const r = completeTurn(s, { turnId, observedLocator: observed, end, process });
         expect(r.ok).toBe(true);
@@ -305,11 +324,19 @@ function run(actions: Action[]): void {
         if (group.state === 'RUNNING') { g({ type: 'turn_completed' }); model.activitySeq++; }
         if (ended && a.processExits && a.exitConfirmed && same(w.running, process)) delete w.running;
         delete mm.inFlight;
+        delete mm.reclaim;
         mm.lastTurnId = turnId;
+        const reclaimUnlessExited = () => {
+          if (!(a.processExits && a.exitConfirmed)) mm.reclaim = process;
+        };
 
         // Model prediction.
         const keepLive = () => {
-          if (transport && !a.processExits) mm.live = process; else delete mm.live;
+          if (transport && !a.processExits) mm.live = process;
+          else {
+            delete mm.live;
+            reclaimUnlessExited();
+          }
         };
         if (!ended) {
           expect(r.outcome).toBe('unconfirmed');
@@ -330,6 +357,7 @@ function run(actions: Action[]): void {
           expect(r.refusal?.reason).toBe('locator_mismatch');
           expect(r.member.savedLocator).toBe(expected);
           delete mm.live;
+          reclaimUnlessExited();
         } else if (!success && !(cleanup && transport)) {
           expect(r.outcome).toBe('unconfirmed');
           mm.saved = observed;
@@ -343,6 +371,7 @@ function run(actions: Action[]): void {
           keepLive();
         }
         expect(r.member.completedTurns).toBe(mm.completed);
+        expect(r.member.reclaim).toEqual(mm.reclaim);
         hit(`complete:${r.outcome}`);
         break;
       }
@@ -369,6 +398,7 @@ function run(actions: Action[]): void {
         sessions[a.m] = onProcessExited(sessions[a.m]!, p);
         const mm = model.members[a.m]!;
         if (same(mm.live, p)) delete mm.live;
+        if (same(mm.reclaim, p)) delete mm.reclaim;
         break;
       }
 
@@ -477,7 +507,7 @@ describe('session and group core, model-based', () => {
     if (process.env.DBG) console.log(JSON.stringify([...reached]));
     if (numRuns >= 500) {
       const expected = [
-        'begin:NEW', 'begin:LIVE', 'begin:RESTORED', 'begin:LOST', 'migrated', 'hostLoss:restored', 'hostLoss:host_lost_running',
+        'begin:NEW', 'begin:LIVE', 'begin:RESTORED', 'begin:reclaim', 'begin:LOST', 'migrated', 'hostLoss:restored', 'hostLoss:host_lost_running',
         'hostLoss:unclean_stop', 'hostLoss:no_checkpoint', 'hostLoss:stale_checkpoint', 'hostLoss:checkpoint_corrupt', 'hostLoss:restore_failed',
         'complete:completed', 'complete:failed_kept', 'complete:unconfirmed', 'complete:locator_mismatch', 'complete:locator_missing', 'complete:failed_before_session',
       ];

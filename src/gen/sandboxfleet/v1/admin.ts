@@ -71,8 +71,8 @@ export interface Host {
   revision: number;
   /**
    * Why the host is going away, once known (R-H5): operator_drain, operator_remove, node_deleted,
-   * node_cordoned, disruption_taint, spot_preemption, lease_ending, heartbeat_lost,
-   * docker_data_lost. Empty otherwise.
+   * node_cordoned, disruption_taint, spot_preemption, reclaim_notice (another notice source), lease_ending,
+   * heartbeat_lost, docker_data_lost. Empty otherwise.
    */
   removalSource: string;
 }

@@ -199,7 +199,11 @@ export interface AttestationReport {
  * epoch of this host (R-H4, R-H6).
  */
 export interface Registration {
-  /** Stable host identity, [a-z0-9-]{1,63} (the Kubernetes node name in-cluster). */
+  /**
+   * Stable host identity: a Kubernetes node name (DNS-1123 subdomain: lowercase [a-z0-9-] labels
+   * joined by ".", each starting and ending alphanumeric, at most 253 characters; the node name
+   * in-cluster). One rule for every host id: src/core/ids.ts ID_RULES.hostId.
+   */
   hostId: string;
   /** Random id of this agent process; tells a restart from a retried registration. */
   agentInstanceId: string;
@@ -265,12 +269,21 @@ export interface Inventory {
   takenAtUnixMs: number;
 }
 
-/** A notice that the machine is going away soon (R-H5: spot/preemption notice). */
+/**
+ * A report by the agent that its machine is going away (R-H5), published on its notice subject.
+ * What it means is decided by src/core/host-notice.ts: "docker_data_lost" is an unplanned loss
+ * (the host is DEAD at once, R-G6); "spot" | "preemption" start a spot_preemption drain; any other
+ * source (e.g. "maintenance") starts a reclaim_notice drain.
+ */
 export interface ReclaimNotice {
-  /** "spot" | "preemption" | "maintenance". */
   source: string;
   /** When the machine is expected to go; 0 if unknown. */
   deadlineUnixMs: number;
+  /**
+   * The epoch the agent holds when it sends the notice (R-H6): a notice from a revoked epoch is
+   * rejected and counted like any stale report.
+   */
+  hostEpoch: number;
 }
 
 /** Periodic liveness and inventory report (R-H3). */
@@ -441,6 +454,7 @@ export interface AgentCommand {
     | { $case: "deleteGroup"; value: DeleteGroupCommand }
     | { $case: "inventory"; value: InventoryCommand }
     | { $case: "probe"; value: ProbeCommand }
+    | { $case: "restartMember"; value: RestartMemberCommand }
     | undefined;
 }
 
@@ -470,6 +484,30 @@ export interface StopGroupResult {
 export interface CheckpointResult {
   manifest?: CheckpointManifest | undefined;
   durationMs: number;
+}
+
+/**
+ * Restart one member container to reclaim its slot (R-S6): a CLI process of the named incarnation
+ * may still run after a turn whose process exit the runner could not confirm; stopping the container
+ * (SIGTERM, grace, SIGKILL) and starting it again ends every process in it. Keeps the writable layer.
+ * Idempotent: when the member no longer runs that incarnation, the slot is already reclaimed and the
+ * container is only started if stopped.
+ */
+export interface RestartMemberCommand {
+  groupId: string;
+  memberId: string;
+  containerId: string;
+  /** The incarnation (container start, unix ms) whose processes must end. */
+  startedAtUnixMs: number;
+  graceMs: number;
+}
+
+export interface RestartMemberResult {
+  containerId: string;
+  /** The new incarnation. */
+  startedAtUnixMs: number;
+  /** False when the named incarnation was already gone (nothing was stopped). */
+  restarted: boolean;
 }
 
 /** Cold-start recovery proof for one restored member (R-G5). */
@@ -528,6 +566,7 @@ export interface AgentCommandResult {
     | { $case: "deleteGroup"; value: DeleteGroupResult }
     | { $case: "inventory"; value: Inventory }
     | { $case: "probe"; value: ProbeResult }
+    | { $case: "restartMember"; value: RestartMemberResult }
     | undefined;
 }
 
@@ -1779,7 +1818,7 @@ export const Inventory: MessageFns<Inventory> = {
 };
 
 function createBaseReclaimNotice(): ReclaimNotice {
-  return { source: "", deadlineUnixMs: 0 };
+  return { source: "", deadlineUnixMs: 0, hostEpoch: 0 };
 }
 
 export const ReclaimNotice: MessageFns<ReclaimNotice> = {
@@ -1789,6 +1828,9 @@ export const ReclaimNotice: MessageFns<ReclaimNotice> = {
     }
     if (message.deadlineUnixMs !== 0) {
       writer.uint32(16).int64(message.deadlineUnixMs);
+    }
+    if (message.hostEpoch !== 0) {
+      writer.uint32(24).int64(message.hostEpoch);
     }
     return writer;
   },
@@ -1822,6 +1864,14 @@ export const ReclaimNotice: MessageFns<ReclaimNotice> = {
             message.deadlineUnixMs = longToNumber(reader.int64());
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.hostEpoch = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1842,6 +1892,11 @@ export const ReclaimNotice: MessageFns<ReclaimNotice> = {
         : isSet(object.deadline_unix_ms)
         ? globalThis.Number(object.deadline_unix_ms)
         : 0,
+      hostEpoch: isSet(object.hostEpoch)
+        ? globalThis.Number(object.hostEpoch)
+        : isSet(object.host_epoch)
+        ? globalThis.Number(object.host_epoch)
+        : 0,
     };
   },
 
@@ -1853,6 +1908,9 @@ export const ReclaimNotice: MessageFns<ReclaimNotice> = {
     if (message.deadlineUnixMs !== 0) {
       obj.deadlineUnixMs = Math.round(message.deadlineUnixMs);
     }
+    if (message.hostEpoch !== 0) {
+      obj.hostEpoch = Math.round(message.hostEpoch);
+    }
     return obj;
   },
 
@@ -1863,6 +1921,7 @@ export const ReclaimNotice: MessageFns<ReclaimNotice> = {
     const message = createBaseReclaimNotice();
     message.source = object.source ?? "";
     message.deadlineUnixMs = object.deadlineUnixMs ?? 0;
+    message.hostEpoch = object.hostEpoch ?? 0;
     return message;
   },
 };
@@ -3641,6 +3700,9 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       case "probe":
         ProbeCommand.encode(message.command.value, writer.uint32(138).fork()).join();
         break;
+      case "restartMember":
+        RestartMemberCommand.encode(message.command.value, writer.uint32(146).fork()).join();
+        break;
     }
     return writer;
   },
@@ -3770,6 +3832,14 @@ export const AgentCommand: MessageFns<AgentCommand> = {
             message.command = { $case: "probe", value: ProbeCommand.decode(reader, reader.uint32()) };
             continue;
           }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.command = { $case: "restartMember", value: RestartMemberCommand.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3838,6 +3908,10 @@ export const AgentCommand: MessageFns<AgentCommand> = {
         ? { $case: "inventory", value: InventoryCommand.fromJSON(object.inventory) }
         : isSet(object.probe)
         ? { $case: "probe", value: ProbeCommand.fromJSON(object.probe) }
+        : isSet(object.restartMember)
+        ? { $case: "restartMember", value: RestartMemberCommand.fromJSON(object.restartMember) }
+        : isSet(object.restart_member)
+        ? { $case: "restartMember", value: RestartMemberCommand.fromJSON(object.restart_member) }
         : undefined,
     };
   },
@@ -3878,6 +3952,8 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       obj.inventory = InventoryCommand.toJSON(message.command.value);
     } else if (message.command?.$case === "probe") {
       obj.probe = ProbeCommand.toJSON(message.command.value);
+    } else if (message.command?.$case === "restartMember") {
+      obj.restartMember = RestartMemberCommand.toJSON(message.command.value);
     }
     return obj;
   },
@@ -3939,6 +4015,12 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       case "probe": {
         if (object.command?.value !== undefined && object.command?.value !== null) {
           message.command = { $case: "probe", value: ProbeCommand.fromPartial(object.command.value) };
+        }
+        break;
+      }
+      case "restartMember": {
+        if (object.command?.value !== undefined && object.command?.value !== null) {
+          message.command = { $case: "restartMember", value: RestartMemberCommand.fromPartial(object.command.value) };
         }
         break;
       }
@@ -4501,6 +4583,268 @@ export const CheckpointResult: MessageFns<CheckpointResult> = {
   },
 };
 
+function createBaseRestartMemberCommand(): RestartMemberCommand {
+  return { groupId: "", memberId: "", containerId: "", startedAtUnixMs: 0, graceMs: 0 };
+}
+
+export const RestartMemberCommand: MessageFns<RestartMemberCommand> = {
+  encode(message: RestartMemberCommand, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.groupId !== "") {
+      writer.uint32(10).string(message.groupId);
+    }
+    if (message.memberId !== "") {
+      writer.uint32(18).string(message.memberId);
+    }
+    if (message.containerId !== "") {
+      writer.uint32(26).string(message.containerId);
+    }
+    if (message.startedAtUnixMs !== 0) {
+      writer.uint32(32).int64(message.startedAtUnixMs);
+    }
+    if (message.graceMs !== 0) {
+      writer.uint32(40).int64(message.graceMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RestartMemberCommand {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRestartMemberCommand();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.memberId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.containerId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.startedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.graceMs = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RestartMemberCommand {
+    return {
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+      memberId: isSet(object.memberId)
+        ? globalThis.String(object.memberId)
+        : isSet(object.member_id)
+        ? globalThis.String(object.member_id)
+        : "",
+      containerId: isSet(object.containerId)
+        ? globalThis.String(object.containerId)
+        : isSet(object.container_id)
+        ? globalThis.String(object.container_id)
+        : "",
+      startedAtUnixMs: isSet(object.startedAtUnixMs)
+        ? globalThis.Number(object.startedAtUnixMs)
+        : isSet(object.started_at_unix_ms)
+        ? globalThis.Number(object.started_at_unix_ms)
+        : 0,
+      graceMs: isSet(object.graceMs)
+        ? globalThis.Number(object.graceMs)
+        : isSet(object.grace_ms)
+        ? globalThis.Number(object.grace_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: RestartMemberCommand): unknown {
+    const obj: any = {};
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
+    if (message.memberId !== "") {
+      obj.memberId = message.memberId;
+    }
+    if (message.containerId !== "") {
+      obj.containerId = message.containerId;
+    }
+    if (message.startedAtUnixMs !== 0) {
+      obj.startedAtUnixMs = Math.round(message.startedAtUnixMs);
+    }
+    if (message.graceMs !== 0) {
+      obj.graceMs = Math.round(message.graceMs);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RestartMemberCommand>): RestartMemberCommand {
+    return RestartMemberCommand.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RestartMemberCommand>): RestartMemberCommand {
+    const message = createBaseRestartMemberCommand();
+    message.groupId = object.groupId ?? "";
+    message.memberId = object.memberId ?? "";
+    message.containerId = object.containerId ?? "";
+    message.startedAtUnixMs = object.startedAtUnixMs ?? 0;
+    message.graceMs = object.graceMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseRestartMemberResult(): RestartMemberResult {
+  return { containerId: "", startedAtUnixMs: 0, restarted: false };
+}
+
+export const RestartMemberResult: MessageFns<RestartMemberResult> = {
+  encode(message: RestartMemberResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.containerId !== "") {
+      writer.uint32(10).string(message.containerId);
+    }
+    if (message.startedAtUnixMs !== 0) {
+      writer.uint32(16).int64(message.startedAtUnixMs);
+    }
+    if (message.restarted !== false) {
+      writer.uint32(24).bool(message.restarted);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RestartMemberResult {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRestartMemberResult();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.containerId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.startedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.restarted = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RestartMemberResult {
+    return {
+      containerId: isSet(object.containerId)
+        ? globalThis.String(object.containerId)
+        : isSet(object.container_id)
+        ? globalThis.String(object.container_id)
+        : "",
+      startedAtUnixMs: isSet(object.startedAtUnixMs)
+        ? globalThis.Number(object.startedAtUnixMs)
+        : isSet(object.started_at_unix_ms)
+        ? globalThis.Number(object.started_at_unix_ms)
+        : 0,
+      restarted: isSet(object.restarted) ? globalThis.Boolean(object.restarted) : false,
+    };
+  },
+
+  toJSON(message: RestartMemberResult): unknown {
+    const obj: any = {};
+    if (message.containerId !== "") {
+      obj.containerId = message.containerId;
+    }
+    if (message.startedAtUnixMs !== 0) {
+      obj.startedAtUnixMs = Math.round(message.startedAtUnixMs);
+    }
+    if (message.restarted !== false) {
+      obj.restarted = message.restarted;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RestartMemberResult>): RestartMemberResult {
+    return RestartMemberResult.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RestartMemberResult>): RestartMemberResult {
+    const message = createBaseRestartMemberResult();
+    message.containerId = object.containerId ?? "";
+    message.startedAtUnixMs = object.startedAtUnixMs ?? 0;
+    message.restarted = object.restarted ?? false;
+    return message;
+  },
+};
+
 function createBaseRestoredMember(): RestoredMember {
   return { memberId: "", containerId: "", sessionFilesPresent: false, missingPaths: [] };
 }
@@ -5024,6 +5368,9 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
       case "probe":
         ProbeResult.encode(message.result.value, writer.uint32(138).fork()).join();
         break;
+      case "restartMember":
+        RestartMemberResult.encode(message.result.value, writer.uint32(146).fork()).join();
+        break;
     }
     return writer;
   },
@@ -5169,6 +5516,14 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
             message.result = { $case: "probe", value: ProbeResult.decode(reader, reader.uint32()) };
             continue;
           }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.result = { $case: "restartMember", value: RestartMemberResult.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5235,6 +5590,10 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
         ? { $case: "inventory", value: Inventory.fromJSON(object.inventory) }
         : isSet(object.probe)
         ? { $case: "probe", value: ProbeResult.fromJSON(object.probe) }
+        : isSet(object.restartMember)
+        ? { $case: "restartMember", value: RestartMemberResult.fromJSON(object.restartMember) }
+        : isSet(object.restart_member)
+        ? { $case: "restartMember", value: RestartMemberResult.fromJSON(object.restart_member) }
         : undefined,
     };
   },
@@ -5281,6 +5640,8 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
       obj.inventory = Inventory.toJSON(message.result.value);
     } else if (message.result?.$case === "probe") {
       obj.probe = ProbeResult.toJSON(message.result.value);
+    } else if (message.result?.$case === "restartMember") {
+      obj.restartMember = RestartMemberResult.toJSON(message.result.value);
     }
     return obj;
   },
@@ -5344,6 +5705,12 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
       case "probe": {
         if (object.result?.value !== undefined && object.result?.value !== null) {
           message.result = { $case: "probe", value: ProbeResult.fromPartial(object.result.value) };
+        }
+        break;
+      }
+      case "restartMember": {
+        if (object.result?.value !== undefined && object.result?.value !== null) {
+          message.result = { $case: "restartMember", value: RestartMemberResult.fromPartial(object.result.value) };
         }
         break;
       }

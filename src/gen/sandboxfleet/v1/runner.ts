@@ -101,6 +101,11 @@ export interface BeginTurnResponse {
   placementGeneration: number;
   containerId: string;
   startedAtUnixMs: number;
+  /**
+   * The member's container was restarted before this turn (R-S6): a CLI process of an earlier turn
+   * whose exit was not confirmed may have been running; it is gone now. context_state is RESTORED.
+   */
+  slotReclaimed: boolean;
 }
 
 /**
@@ -619,6 +624,7 @@ function createBaseBeginTurnResponse(): BeginTurnResponse {
     placementGeneration: 0,
     containerId: "",
     startedAtUnixMs: 0,
+    slotReclaimed: false,
   };
 }
 
@@ -647,6 +653,9 @@ export const BeginTurnResponse: MessageFns<BeginTurnResponse> = {
     }
     if (message.startedAtUnixMs !== 0) {
       writer.uint32(64).int64(message.startedAtUnixMs);
+    }
+    if (message.slotReclaimed !== false) {
+      writer.uint32(72).bool(message.slotReclaimed);
     }
     return writer;
   },
@@ -728,6 +737,14 @@ export const BeginTurnResponse: MessageFns<BeginTurnResponse> = {
             message.startedAtUnixMs = longToNumber(reader.int64());
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.slotReclaimed = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -778,6 +795,11 @@ export const BeginTurnResponse: MessageFns<BeginTurnResponse> = {
         : isSet(object.started_at_unix_ms)
         ? globalThis.Number(object.started_at_unix_ms)
         : 0,
+      slotReclaimed: isSet(object.slotReclaimed)
+        ? globalThis.Boolean(object.slotReclaimed)
+        : isSet(object.slot_reclaimed)
+        ? globalThis.Boolean(object.slot_reclaimed)
+        : false,
     };
   },
 
@@ -807,6 +829,9 @@ export const BeginTurnResponse: MessageFns<BeginTurnResponse> = {
     if (message.startedAtUnixMs !== 0) {
       obj.startedAtUnixMs = Math.round(message.startedAtUnixMs);
     }
+    if (message.slotReclaimed !== false) {
+      obj.slotReclaimed = message.slotReclaimed;
+    }
     return obj;
   },
 
@@ -823,6 +848,7 @@ export const BeginTurnResponse: MessageFns<BeginTurnResponse> = {
     message.placementGeneration = object.placementGeneration ?? 0;
     message.containerId = object.containerId ?? "";
     message.startedAtUnixMs = object.startedAtUnixMs ?? 0;
+    message.slotReclaimed = object.slotReclaimed ?? false;
     return message;
   },
 };

@@ -1,0 +1,79 @@
+// An idle conversation stays recoverable (R-G4, R-G6, R-R1), with real parts: real nats-server, two
+// real dockerd hosts, real host agents, one ControlPlane. A group that stays cleanly STOPPED gets no
+// new checkpoint from its own activity, so without refreshes its checkpoint ages past the maximum and
+// a host loss makes it LOST `stale_checkpoint`. With the maximum at 20 s and refreshes after a
+// quarter of it, the group is stopped, left idle past the maximum, and its host is killed (agent
+// stopped, dockerd stopped, data root deleted): it is restored on the other host and its next turn is
+// RESTORED with its locator.
+import { rm } from 'node:fs/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { Keys } from '../../../src/control-plane/state.ts';
+import { CheckpointRecordSchema } from '../../../src/control-plane/records.ts';
+import { FleetMetrics } from '../../../src/observability/metrics.ts';
+import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
+
+const MAX_AGE_MS = 20_000;
+let fleet: Fleet;
+let plane: ControlPlane;
+const metrics = new FleetMetrics();
+let n = 0;
+const key = () => `k-${++n}`;
+
+beforeAll(async () => {
+  fleet = await startFleet(2, { checkpointMaxAgeMs: MAX_AGE_MS, checkpointRefreshFraction: 0.25 });
+  plane = await fleet.startPlane({ metrics });
+  await fleet.startAgentOn('host-a', 0);
+  await fleet.waitFor('host-a READY', async () => ((await fleet.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
+});
+
+afterAll(async () => {
+  await fleet?.cleanup();
+});
+
+describe('checkpoint refresh of cleanly stopped groups', () => {
+  it('keeps an idle group restorable after a host loss beyond the checkpoint maximum age', async () => {
+    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-idle', members: [{ memberId: 'm1', cli: 'claude_code' }] });
+    const groupId = group.groupId;
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-idle');
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-idle', evidence: SUCCESS });
+    await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
+    const stopped = await fleet.group(groupId);
+    const first = stopped.latestCheckpointId!;
+    expect(first).toBeDefined();
+    const checkpoints = fleet.store.repository('checkpoints', CheckpointRecordSchema);
+    const firstCreatedAt = (await checkpoints.get(Keys.checkpoint(groupId, first)))!.value.createdAtMs;
+
+    // Retaken while the group stays stopped: a new latest checkpoint of the same state, newer.
+    const refreshed = await fleet.waitFor('a refreshed checkpoint', async () => {
+      const g = await fleet.group(groupId);
+      return g.latestCheckpointId !== first ? g : undefined;
+    }, 60_000);
+    expect(refreshed.lifecycle).toMatchObject({ state: 'STOPPED', activityVersion: stopped.lifecycle.activityVersion, generation: stopped.lifecycle.generation });
+    const retaken = (await checkpoints.get(Keys.checkpoint(groupId, refreshed.latestCheckpointId!)))!.value;
+    expect(retaken.createdAtMs).toBeGreaterThan(firstCreatedAt);
+    const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: groupId, limit: 100 });
+    expect(events.filter((e) => e.event.type === 'checkpoint_created').map((e) => e.event.reason)).toContain('refresh');
+
+    // Idle past the maximum age of the first checkpoint, then the host dies.
+    await fleet.startAgentOn('host-b', 1);
+    await fleet.waitFor('host-b READY', async () => ((await fleet.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
+    const idleUntil = firstCreatedAt + MAX_AGE_MS + 2_000;
+    await new Promise((r) => setTimeout(r, Math.max(0, idleUntil - Date.now())));
+    await fleet.stopAgent('host-a');
+    await fleet.hosts[0]!.stop();
+    await rm(fleet.hosts[0]!.dataRoot, { recursive: true, force: true });
+
+    const moved = await fleet.waitFor('group restored on host-b', async () => {
+      const g = await fleet.group(groupId);
+      if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
+      return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? g : undefined;
+    }, 90_000);
+    expect(moved.lifecycle.generation).toBeGreaterThan(stopped.lifecycle.generation);
+    const next = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    expect(next).toMatchObject({ contextState: 'RESTORED', locator: 'sess-idle', hostId: 'host-b' });
+    const ok = (await metrics.registry.getSingleMetric('sandboxfleet_checkpoint_refreshes_total')?.get())?.values.find((v) => v.labels.result === 'ok')?.value ?? 0;
+    expect(ok).toBeGreaterThanOrEqual(1);
+  });
+});
