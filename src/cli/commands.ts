@@ -1,10 +1,11 @@
 // The `sandboxctl` / `kubectl sandbox` command tree (R-I7, R-H7): hosts, groups, checkpoints,
-// drain, remove, migrate, destroy, verify, events; nats-permissions (offline). Each command is one AdminService call (events:
+// drain, remove, migrate, destroy, verify, events; nats-permissions (offline); preflight (a model
+// gateway, not the control plane: SPEC §7.3). Each fleet command is one AdminService call (events:
 // one server stream) printed as a table, JSON or YAML. Exit codes: 0 success, 1 a failed call or
 // a failed verification (any mismatch), 2 a usage error. Mutating commands send a fresh
 // idempotency key unless --idempotency-key repeats one (R-I1), so a retry after a timeout is safe.
 import { Command, InvalidArgumentError, Option } from 'commander';
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import {
   CheckpointInfo,
   DestroyGroupResponse,
@@ -27,6 +28,7 @@ import { GroupState, HostState, groupStateFromJSON, groupStateToJSON, hostStateF
 import { hostPermissions } from '../core/agent-subjects.ts';
 import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
 import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
+import { boundedInt, isLoopback, LIMITS, parseGateway, parseModel, readKeyFile, redactor, renderPreflight, runPreflight } from './preflight.ts';
 import { age, bytes, isoTime, OUTPUT_FORMATS, short, streamed, structured, table, type OutputFormat } from './output.ts';
 
 /**
@@ -150,7 +152,13 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
   const program = new Command('sandboxctl')
     .description('Operate a Sandbox Fleet control plane (also installed as `kubectl sandbox`).')
     .showHelpAfterError()
-    .configureOutput({ writeOut: (s) => io.out(s.trimEnd()), writeErr: (s) => io.err(s.trimEnd()) })
+    .configureOutput({
+      writeOut: (s) => io.out(s.trimEnd()),
+      writeErr: (s) => io.err(s.trimEnd()),
+      // `--api-key=sk-…` mistyped for an option we do not have must not echo the value (a secret
+      // passed the wrong way would land in logs); every subcommand inherits this.
+      outputError: (s, write) => write(s.replace(/(unknown option '[^'=\s]*=)[^']*'/g, "$1<redacted>'")),
+    })
     .exitOverride()
     .option('-s, --server <host:port>', 'control plane gRPC address [env SANDBOXFLEET_SERVER, default 127.0.0.1:7443]')
     .option('--ca <file>', 'CA bundle that signed the server certificate [env SANDBOXFLEET_CA]')
@@ -352,6 +360,42 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
           '    allow_responses: true } }',
         ].join('\n');
       });
+    });
+
+  program.command('preflight')
+    .summary('model-context preflight against an Anthropic Messages gateway (SPEC §7.3); exits 1 unless every call passed')
+    .description('optional model-context preflight (SPEC §7.3) against an Anthropic Messages-compatible gateway, not the control plane: '
+      + '5 case kinds (greeting, repeated_question, task, fact_update, no_history) × --repetitions streamed calls; reports recall_passed and '
+      + `thinking_observed; exits 0 only if every call passed. --timeout is the deadline of each call (default ${LIMITS.timeoutMs.default} ms here)`)
+    .requiredOption('--gateway <url>', 'gateway base URL, http(s), no credentials or query; calls POST <url>/v1/messages')
+    .requiredOption('--model <id>', 'model id to ask (required: no default is guessed)')
+    .requiredOption('--key-file <file>', 'file holding the gateway API key, mode 0600 or stricter (refused otherwise); the key is never taken from argv or env')
+    .option('--repetitions <n>', `repetitions of the 5 cases, ${LIMITS.repetitions.min}..${LIMITS.repetitions.max}`, String(LIMITS.repetitions.default))
+    .option('--max-tokens <n>', `max_tokens of each call, ${LIMITS.maxTokens.min}..${LIMITS.maxTokens.max} (stop_reason max_tokens is a failure)`, String(LIMITS.maxTokens.default))
+    // Only to refuse it, without echoing the value: a key on the command line is in ps and shell history.
+    .addOption(new Option('--api-key <key>').hideHelp())
+    .action(async (opts: { gateway: string; model: string; keyFile: string; repetitions: string; maxTokens: string; apiKey?: string }, cmd: Command) => {
+      const g = globals(cmd);
+      if (opts.apiKey !== undefined) throw new UsageError('the gateway key is never taken from the command line (ps and shell history show it): put it in a file (chmod 600) and pass --key-file');
+      if (g.key !== undefined) throw new UsageError('--key is the admin client TLS key and preflight does not use it; the gateway key is read only from --key-file');
+      const gateway = parseGateway(opts.gateway);
+      const model = parseModel(opts.model);
+      const repetitions = boundedInt(opts.repetitions, '--repetitions', LIMITS.repetitions.min, LIMITS.repetitions.max);
+      const maxTokens = boundedInt(opts.maxTokens, '--max-tokens', LIMITS.maxTokens.min, LIMITS.maxTokens.max);
+      const timeoutMs = program.getOptionValueSource('timeout') === 'cli'
+        ? boundedInt(String(g.timeout), '--timeout', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max)
+        : LIMITS.timeoutMs.default;
+      const key = await readKeyFile(opts.keyFile);
+      const redact = redactor(key);
+      if (gateway.protocol === 'http:' && !isLoopback(gateway)) io.err(`sandboxctl: warning: ${gateway.host} is plain http: the key crosses the network unencrypted`);
+      let report;
+      try {
+        report = await runPreflight({ gateway, model, repetitions, maxTokens, timeoutMs }, key, { randomBytes: (n) => randomBytes(n), now: () => Date.now() });
+      } catch (err) {
+        throw new Error(redact((err as Error).message ?? String(err)));
+      }
+      io.out(redact(g.output === 'table' ? renderPreflight(report) : structured(report, g.output)));
+      if (!report.ok) throw new ExitCode(1);
     });
 
   program.command('events')

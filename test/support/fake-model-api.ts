@@ -2,13 +2,51 @@
 // the pinned-CLI request-history tests (SPEC
 // §7.1): no credentials, no cost, and every request body recorded so a test can compare what the
 // model API RECEIVED turn after turn (user and assistant text, roles, order, duplicates).
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+// `sandboxctl preflight` (SPEC §7.3) scripts it from the whole message list and makes it misbehave:
+// a thinking block, a stream cut before message_stop, an SSE error event, a malformed event, an
+// HTTP error status (see ScriptedReply).
+import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { expect } from 'vitest';
 
 export interface RecordedRequest {
   readonly path: string;
-  readonly body: { model?: string; stream?: boolean; messages?: Array<{ role: string; content: unknown }> };
+  readonly body: { model?: string; stream?: boolean; max_tokens?: number; messages?: Array<{ role: string; content: unknown }> };
+  /** The request's headers (Node lower-cases the names). */
+  readonly headers?: IncomingHttpHeaders;
 }
+
+/** A message of the request, as the reply script sees it: role and plain text. */
+export interface FakeMessage {
+  readonly role: string;
+  readonly text: string;
+}
+
+/**
+ * What a scripted reply can do besides answering `text` (Messages API; the Responses API path uses
+ * `text` only). With `status` (≠ 200) the answer is that status and `body`, no stream.
+ */
+export interface ScriptedReply {
+  readonly text?: string;
+  /** A thinking block (thinking_delta + signature_delta) before the text. */
+  readonly thinking?: string;
+  readonly status?: number;
+  /** Body of a `status` answer (default: an API error JSON). */
+  readonly body?: string;
+  /** An SSE `error` event after the text started, then the stream ends. */
+  readonly errorEvent?: { readonly type: string; readonly message: string };
+  /** End the stream after the text, before message_delta and message_stop. */
+  readonly truncate?: boolean;
+  /** The message_delta stop_reason (default end_turn). */
+  readonly stopReason?: string;
+  /** Send an event whose data is not JSON in the middle of the stream. */
+  readonly malformed?: boolean;
+}
+
+/** The script: the last user text (what every CLI-history test needs) and the whole message list. */
+export type ReplyScript = (lastUserText: string, messages: readonly FakeMessage[]) => string | ScriptedReply;
+
+const scripted = (r: string | ScriptedReply): ScriptedReply => (typeof r === 'string' ? { text: r } : r);
+const plainMessages = (messages: RecordedRequest['body']['messages']): FakeMessage[] => (messages ?? []).map((m) => ({ role: m.role, text: textOf(m.content) }));
 
 /** Plain text of a Messages API message content (string, or text blocks). */
 export function textOf(content: unknown): string {
@@ -40,9 +78,10 @@ export interface FakeModelApi {
 
 /**
  * A loopback fake of POST /v1/messages: streams (SSE) or returns one assistant text message whose
- * text is `reply(lastUserText)`. Every request body is recorded for the history assertions.
+ * text is `reply(lastUserText, messages)` (or what its ScriptedReply says). Every request body and
+ * its headers are recorded for the history assertions.
  */
-export async function startFakeModelApi(reply: (lastUserText: string) => string): Promise<FakeModelApi> {
+export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelApi> {
   const requests: RecordedRequest[] = [];
   const unexpected: string[] = [];
   let failures: { n: number; status: number } = { n: 0, status: 500 };
@@ -50,19 +89,19 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
   let seq = 0;
   // The OpenAI Responses API (Codex): the request's input messages are recorded in the Messages
   // shape (role + text blocks), so the same history helpers read both.
-  const answerResponses = (res: ServerResponse, path: string, body: ResponsesBody): void => {
+  const answerResponses = (res: ServerResponse, path: string, body: ResponsesBody, headers: IncomingHttpHeaders): void => {
     const messages = (body.input ?? []).filter((i) => i.type === 'message' || i.role !== undefined).map((i) => ({
       role: i.role ?? '',
       content: (Array.isArray(i.content) ? i.content : [{ text: String(i.content ?? '') }]).map((c) => ({ type: 'text', text: typeof c.text === 'string' ? c.text : '' })),
     }));
-    requests.push({ path, body: { model: body.model, stream: body.stream, messages } });
+    requests.push({ path, body: { model: body.model, stream: body.stream, messages }, headers });
     if (failures.n > 0) {
       failures = { ...failures, n: failures.n - 1 };
       res.writeHead(failures.status, { 'content-type': 'application/json' });
       res.end(JSON.stringify({ error: { type: 'server_error', message: 'fake failure' } }));
       return;
     }
-    const text = reply(textOf([...messages].reverse().find((m) => m.role === 'user')?.content));
+    const text = scripted(reply(textOf([...messages].reverse().find((m) => m.role === 'user')?.content), plainMessages(messages))).text ?? '';
     const id = `resp_fake_${++seq}`;
     const item = { type: 'message', role: 'assistant', id: `msg_fake_${seq}`, status: 'completed', content: [{ type: 'output_text', text, annotations: [] }] };
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
@@ -86,7 +125,7 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
         body = {};
       }
       if (req.method === 'POST' && path.endsWith('/v1/responses')) {
-        answerResponses(res, path, body as ResponsesBody);
+        answerResponses(res, path, body as ResponsesBody, req.headers);
         return;
       }
       if (req.method !== 'POST' || !path.endsWith('/v1/messages')) {
@@ -95,7 +134,7 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
         res.end(path.endsWith('/count_tokens') ? '{"input_tokens":10}' : '{"type":"error","error":{"type":"not_found_error","message":"not here"}}');
         return;
       }
-      requests.push({ path, body });
+      requests.push({ path, body, headers: req.headers });
       const lastUserText = textOf([...(body.messages ?? [])].reverse().find((m) => m.role === 'user')?.content);
       const held = [...holds].find(([marker]) => lastUserText.includes(marker))?.[1];
       if (held !== undefined) {
@@ -113,7 +152,13 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
       return;
     }
     const lastUser = [...(body.messages ?? [])].reverse().find((m) => m.role === 'user');
-    const text = reply(textOf(lastUser?.content));
+    const script = scripted(reply(textOf(lastUser?.content), plainMessages(body.messages)));
+    const text = script.text ?? '';
+    if (script.status !== undefined && script.status !== 200) {
+      res.writeHead(script.status, { 'content-type': 'application/json' });
+      res.end(script.body ?? JSON.stringify({ type: 'error', error: { type: 'api_error', message: 'scripted failure' } }));
+      return;
+    }
     const id = `msg_fake_${++seq}`;
     const message = { id, type: 'message', role: 'assistant', model: body.model ?? 'claude-fake', content: [] as unknown[], stop_reason: null, stop_sequence: null, usage: { input_tokens: 10, output_tokens: 0 } };
     if (body.stream !== true) {
@@ -124,10 +169,32 @@ export async function startFakeModelApi(reply: (lastUserText: string) => string)
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     const send = (event: string, data: unknown): void => void res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
     send('message_start', { type: 'message_start', message });
-    send('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
-    send('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
-    send('content_block_stop', { type: 'content_block_stop', index: 0 });
-    send('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 5 } });
+    let index = 0;
+    if (script.thinking !== undefined) {
+      send('content_block_start', { type: 'content_block_start', index, content_block: { type: 'thinking', thinking: '', signature: '' } });
+      send('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'thinking_delta', thinking: script.thinking } });
+      send('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'signature_delta', signature: 'ZmFrZS1zaWduYXR1cmU=' } });
+      send('content_block_stop', { type: 'content_block_stop', index });
+      index++;
+    }
+    send('content_block_start', { type: 'content_block_start', index, content_block: { type: 'text', text: '' } });
+    send('ping', { type: 'ping' });
+    // The text in two deltas, so a reader must concatenate them.
+    const half = Math.ceil(text.length / 2);
+    send('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'text_delta', text: text.slice(0, half) } });
+    if (script.malformed === true) res.write('event: content_block_delta\ndata: {"type":"content_block_delta", not json\n\n');
+    if (script.errorEvent !== undefined) {
+      send('error', { type: 'error', error: script.errorEvent });
+      res.end();
+      return;
+    }
+    send('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'text_delta', text: text.slice(half) } });
+    send('content_block_stop', { type: 'content_block_stop', index });
+    if (script.truncate === true) {
+      res.end();
+      return;
+    }
+    send('message_delta', { type: 'message_delta', delta: { stop_reason: script.stopReason ?? 'end_turn', stop_sequence: null }, usage: { output_tokens: 5 } });
     send('message_stop', { type: 'message_stop' });
     res.end();
   };
