@@ -1,6 +1,7 @@
 // Host attestation policy (R-H1, R-H2): a host becomes READY only on an exact policy match. The
 // live-bridge version is never taken from the agent's word: it must be proven by the image helper's
 // `--version` output AND the image label, both present, both equal, and exactly 4.
+import { everyMemberOf } from './exhaustive.ts';
 
 /** What a host agent reports at registration (R-H1). Strings are as reported; this module judges them. */
 export interface AttestationReport {
@@ -43,16 +44,14 @@ export type AttestationReason =
   | 'bridge_unproven';
 
 /** Every AttestationReason, for metrics pre-created at 0. */
-export const ATTESTATION_REASONS = [
+export const ATTESTATION_REASONS = everyMemberOf<AttestationReason>()([
   'agent_sha_unknown',
   'api_sha_mismatch',
   'image_digest_not_allowed',
   'storage_driver_unsupported',
   'bridge_version',
   'bridge_unproven',
-] as const satisfies readonly AttestationReason[];
-const _allAttestationReasonsListed: Exclude<AttestationReason, (typeof ATTESTATION_REASONS)[number]> extends never ? true : never = true;
-void _allAttestationReasonsListed;
+]);
 
 export type AttestationVerdict =
   | { readonly verdict: 'ready'; readonly bridgeVersion: number }

@@ -3,6 +3,7 @@
 // directly from their own modules.
 export * from './errors.ts';
 export * from './result.ts';
+export * from './exhaustive.ts';
 export * from './ids.ts';
 export * from './host.ts';
 export * from './host-notice.ts';

@@ -2,6 +2,7 @@
 // dir, each of its groups is either restored elsewhere — only if it was STOPPED clean and has a
 // recent, recoverable checkpoint — or declared LOST with a reason. The reason is a required field of
 // every LOST decision, so "lost silently" cannot be expressed (R-R1).
+import { everyMemberOf } from './exhaustive.ts';
 import type { CheckpointAssessment, CheckpointUnusableReason } from './checkpoint.ts';
 import type { GroupLifecycle } from './group.ts';
 import type { MemberLossReason } from './member-session.ts';
@@ -25,7 +26,7 @@ export type LossReason =
   | 'operator_declared';
 
 /** Every LossReason, for metrics that must exist at 0 before the first loss (alerting on increase()). */
-export const LOSS_REASONS = [
+export const LOSS_REASONS = everyMemberOf<LossReason>()([
   'host_lost_running',
   'unclean_stop',
   'no_checkpoint',
@@ -39,22 +40,17 @@ export const LOSS_REASONS = [
   'container_missing',
   'session_files_missing',
   'operator_declared',
-] as const satisfies readonly LossReason[];
-// Compile-time check that the list is complete: fails if a LossReason is missing above.
-const _allLossReasonsListed: Exclude<LossReason, (typeof LOSS_REASONS)[number]> extends never ? true : never = true;
-void _allLossReasonsListed;
+]);
 
 /** Every MemberLossReason (member-session.ts): one member LOST at its next begin, not its whole group. */
-export const MEMBER_LOSS_REASONS = [
+export const MEMBER_LOSS_REASONS = everyMemberOf<MemberLossReason>()([
   'turn_unconfirmed',
   'container_missing',
   'writable_layer_missing',
   'session_files_missing',
   'locator_missing',
   'group_lost',
-] as const satisfies readonly MemberLossReason[];
-const _allMemberLossReasonsListed: Exclude<MemberLossReason, (typeof MEMBER_LOSS_REASONS)[number]> extends never ? true : never = true;
-void _allMemberLossReasonsListed;
+]);
 
 /**
  * Every value the `reason` label of the LOST metric can take: a group declared LOST counts each of
