@@ -29,14 +29,17 @@ const fleet = new RunnerClient({ address: values.address, insecureLocalDev: true
 // What a turn-end detector reports for a native turn that ended with success (R-S5).
 const evidence = { kind: WireTurnEndKind.RESULT, nativeTurnEnded: true, succeeded: true, cleanupFinished: true, transportUsable: true, locatorUsable: true, processExited: false, exitConfirmed: false, nativeTurnId: '', errorMessage: '' };
 const count = Number(values.groups);
+// New conversations on every run: state outlives `npm start` (./.state), Docker hosts do not, so a
+// conversation of an earlier run may have been recovered, or be LOST, by now.
+const run = Date.now().toString(36);
 try {
   for (let i = 1; i <= count; i++) {
-    const conversationId = `demo-${i}`;
+    const conversationId = `demo-${run}-${i}`;
     const { group } = await fleet.openGroup({ conversationId, members: [{ memberId: 'claude', cli: 'claude-code' }] });
     const groupId = group!.groupId;
     const turn = await fleet.beginTurn({ groupId, memberId: 'claude' });
-    await writeSession(turn.hostId, turn.containerId, `session-${i}`);
-    await fleet.completeTurn({ groupId, memberId: 'claude', turnId: turn.turnId, observedLocator: `session-${i}`, evidence });
+    await writeSession(turn.hostId, turn.containerId, `session-${run}-${i}`);
+    await fleet.completeTurn({ groupId, memberId: 'claude', turnId: turn.turnId, observedLocator: `session-${run}-${i}`, evidence });
     let note = 'running';
     if (i % 2 === 0) {
       const stopped = await fleet.stopGroup({ groupId });

@@ -9,6 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
+import { devCheckoutSha } from '../../src/config/build-sha.ts';
 import { CONTROL_PLANE_BUCKETS } from '../../src/control-plane/buckets.ts';
 import { GroupRecordSchema, HeartbeatRecordSchema, HostRecordSchema } from '../../src/control-plane/records.ts';
 import { createLogger } from '../../src/observability/logger.ts';
@@ -23,7 +24,9 @@ import { renderStatusTable, startStatusServer, type StatusSnapshot } from './sta
 const HOSTS = Number(process.env.SANDBOXFLEET_LOCAL_HOSTS ?? 3);
 /** The control plane's gRPC port (runner + admin services). */
 const GRPC_PORT = process.env.SANDBOXFLEET_GRPC_PORT ?? '7443';
-const LOCAL_AGENT_SHA = process.env.SANDBOXFLEET_AGENT_SHA ?? '0000000000000000000000000000000000000001';
+// The agents run this checkout, so they report its HEAD and `sandboxctl verify` shows which commit
+// serves (R-H7); the placeholder only stands in outside a git checkout.
+const LOCAL_AGENT_SHA = process.env.SANDBOXFLEET_AGENT_SHA ?? devCheckoutSha(process.cwd()) ?? '0000000000000000000000000000000000000001';
 
 async function main(): Promise<void> {
   const logger = createLogger({ name: 'local-fleet', level: process.env.LOG_LEVEL ?? 'info' });

@@ -21,6 +21,7 @@ import { CasConflictError } from '../store/errors.ts';
 import type { Versioned } from '../store/kv-repository.ts';
 import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
 import { readManifest, recordFromManifest } from './checkpoints.ts';
+import { markEvacuation } from './evacuations.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
 import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
@@ -104,7 +105,13 @@ export class GroupOps {
       throw unwrapRefusal(transitionGroup(g.lifecycle, { type: 'started' }, this.ctx.now()));
     }
     const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
-    const res = await this.ctx.agents.send(target, `start-${groupId}-g${g.lifecycle.generation}-n${g.starts}`, { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup');
+    let res: { containerIds: Record<string, string> };
+    try {
+      res = await this.ctx.agents.send(target, `start-${groupId}-g${g.lifecycle.generation}-n${g.starts}`, { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup');
+    } catch (err) {
+      if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
+      throw err;
+    }
     const started = await this.transition(groupId, { type: 'started' }, 'containers started',
       (c) => c.lifecycle.generation === g.lifecycle.generation && c.starts === g.starts && c.lifecycle.hostId === g.lifecycle.hostId,
       (c) => ({
@@ -125,7 +132,13 @@ export class GroupOps {
     }
     if (g.lifecycle.state !== 'STOPPING') return g;
     const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
-    const res = await this.ctx.agents.send(target, `stop-${groupId}-g${g.lifecycle.generation}-n${g.stops}`, { $case: 'stopGroup', value: { groupId, graceMs } }, 'stopGroup');
+    let res: { evidence?: CleanStopEvidence | undefined };
+    try {
+      res = await this.ctx.agents.send(target, `stop-${groupId}-g${g.lifecycle.generation}-n${g.stops}`, { $case: 'stopGroup', value: { groupId, graceMs } }, 'stopGroup');
+    } catch (err) {
+      if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
+      throw err;
+    }
     return this.#applyVerdict(groupId, g, res.evidence, graceMs);
   }
 
@@ -261,6 +274,22 @@ export class GroupOps {
       detail: { checkpointId, bytes: record.totalBytes, generation: lc.generation, activityVersion: lc.activityVersion, hostId: lc.hostId },
     });
     return record;
+  }
+
+  /**
+   * The host answered that it has no container of this group at its generation: the group's
+   * writable layers are gone from it (its Docker data dir was replaced, the containers were removed
+   * by hand), while the host itself is fine. That is R-G6's lost Docker data for one group: it is
+   * marked for an unplanned evacuation, which restores a cleanly STOPPED group from its checkpoint
+   * when that is usable (on any READY host) and declares it LOST with the reason otherwise (a
+   * running or stopping group: `host_lost_running`). The caller is told to retry, and its retry
+   * finds the group moving, then restored (or LOST).
+   */
+  async #containersGone(g: GroupRecord): Promise<never> {
+    const lc = g.lifecycle;
+    const marked = await markEvacuation(this.ctx, g.groupId, 'unplanned', 'docker_data_lost', lc.hostId);
+    this.ctx.logger.warn({ groupId: g.groupId, hostId: lc.hostId, generation: lc.generation, state: lc.state, marked }, 'host has none of the group\'s containers: evacuating it as lost Docker data');
+    throw new Unavailable('container_missing', `the containers of group ${g.groupId} are gone from ${lc.hostId}; it is being recovered from its checkpoint if it has a usable one, retry shortly`, { details: { groupId: g.groupId, hostId: lc.hostId } });
   }
 
   /** Best effort: remove the group's containers on a host that no longer owns it (R-H6). */

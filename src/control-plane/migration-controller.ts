@@ -23,6 +23,7 @@ import { candidates, describeError, isTerminal, listGroups, listHosts } from './
 import { GroupOps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import { decideEvacuationStep } from './evacuation-policy.ts';
+import { markEvacuation } from './evacuations.ts';
 import { chooseHost } from './placement.ts';
 import type { Evacuation, GroupRecord, HostRecord } from './records.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
@@ -57,7 +58,7 @@ export class MigrationController {
       const wanted = evacuationFor(host);
       if (wanted === undefined) continue;
       if (g.evacuation?.kind === wanted.kind || (g.evacuation?.kind === 'unplanned')) continue;
-      await this.#markEvacuation(g.groupId, wanted.kind, wanted.source, g.lifecycle.hostId);
+      await markEvacuation(this.ctx, g.groupId, wanted.kind, wanted.source, g.lifecycle.hostId);
     }
 
     // 2. Advance marked groups with bounded parallelism.
@@ -93,30 +94,6 @@ export class MigrationController {
     const { metrics } = this.ctx;
     for (const s of ['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']) metrics.hosts.set({ state: s }, hosts.filter((h) => h.lifecycle.state === s).length);
     for (const s of ['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']) metrics.groups.set({ state: s }, groups.filter((g) => g.lifecycle.state === s).length);
-  }
-
-  async #markEvacuation(groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<void> {
-    const now = this.ctx.now();
-    let marked = false;
-    await this.ctx.repos.groups.mutate(Keys.group(groupId), (g) => {
-      marked = false;
-      if (g === undefined || isTerminal(g) || g.lifecycle.hostId !== sourceHostId) return undefined;
-      if (g.evacuation?.kind === 'unplanned' || g.evacuation?.kind === kind) return undefined;
-      marked = true;
-      const evacuation: Evacuation = {
-        kind,
-        source,
-        sourceHostId,
-        startedAtMs: g.evacuation?.startedAtMs ?? now,
-        deadlineMs: (g.evacuation?.startedAtMs ?? now) + this.ctx.config.evacuationDeadlineMs,
-        attempts: g.evacuation?.attempts ?? 0,
-        triedHostIds: g.evacuation?.triedHostIds ?? [],
-      };
-      return { ...g, evacuation, updatedAtMs: now };
-    });
-    if (marked) {
-      await this.ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } });
-    }
   }
 
   /** Advance one group by one step. */

@@ -13,12 +13,16 @@
 //      the history once, no duplicate of the failed prompt's retries;
 //   5. a follow-up sent while a turn is still running (its model call held open) is refused
 //      (`turn_in_flight`, R-S8); sent after the turn ends it reaches the model once, after it;
-//   6. the control plane refuses a locator change at begin, and the saved one is intact.
+//   6. the control plane refuses a locator change at begin, and the saved one is intact;
+//   7. a locator change at the END of an ended-failed turn (the CLI, not resumed, opened a new
+//      session and its call failed: `system/api_retry`) is flagged by the runner SDK's detector and
+//      refused by the control plane (`locator_mismatch`); the saved locator is intact and the next
+//      resumed turn's request carries none of the refused turn.
 // Member containers use the host network (loopback only) so the CLI reaches the fake.
 import { Readable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ContextState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/common.ts';
-import type { BeginTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
+import type { BeginTurnResponse, CompleteTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerError, completeTurnEvidence, createClaudeCodeDetector, driveDetector, type TurnEndEvidence } from '../../../src/runner-sdk/index.ts';
 import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles } from '../../support/claude-code.ts';
 import { history, promptRequest, type RecordedRequest } from '../../support/fake-model-api.ts';
@@ -35,16 +39,37 @@ afterAll(async () => {
   await h?.cleanup();
 });
 
-/** One turn as a runner drives it: begin, run the CLI (resuming the locator it was given), detect the end, complete. */
-async function turn(marker: string): Promise<{ begun: BeginTurnResponse; evidence: TurnEndEvidence; requests: RecordedRequest[] }> {
+interface RanTurn {
+  readonly begun: BeginTurnResponse;
+  readonly evidence: TurnEndEvidence;
+  readonly exitCode: number;
+  readonly requests: RecordedRequest[];
+}
+
+/**
+ * Begin a turn and run the CLI, resuming the locator it was given (`resume: false`: started without
+ * `--resume`, as a driver that lost the locator would, so the CLI opens a new session), and detect
+ * the end with the detector expecting the given locator. Not completed.
+ */
+async function runTurn(marker: string, { resume = true }: { resume?: boolean } = {}): Promise<RanTurn> {
   const begun = await h.runner.beginTurn({ groupId, memberId: 'claude' });
   const before = h.api.requests.length;
-  const args = ['-p', `Please remember ${marker}.`, '--output-format', 'stream-json', '--verbose', ...(begun.locator !== '' ? ['--resume', begun.locator] : [])];
+  const args = ['-p', `Please remember ${marker}.`, '--output-format', 'stream-json', '--verbose', ...(resume && begun.locator !== '' ? ['--resume', begun.locator] : [])];
   const run = await h.runtimeOf(begun.hostId).exec(begun.containerId, [CLAUDE_PATH, ...args], { env: claudeCodeEnv(h.api.url), timeoutMs: 120_000, maxOutputBytes: 8 * 1024 * 1024 });
   const detector = createClaudeCodeDetector(begun.locator !== '' ? { expectedLocator: begun.locator } : {});
   const { evidence } = await driveDetector(Readable.from([run.stdout]), detector);
-  await h.runner.completeTurn({ groupId, memberId: 'claude', turnId: begun.turnId, ...completeTurnEvidence(evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: run.exitCode }) });
-  return { begun, evidence, requests: h.api.requests.slice(before) };
+  return { begun, evidence, exitCode: run.exitCode, requests: h.api.requests.slice(before) };
+}
+
+function complete(t: RanTurn): Promise<CompleteTurnResponse> {
+  return h.runner.completeTurn({ groupId, memberId: 'claude', turnId: t.begun.turnId, ...completeTurnEvidence(t.evidence, { cleanupFinished: true, exitConfirmed: true, exitCode: t.exitCode }) });
+}
+
+/** One turn as a runner drives it: begin, run the CLI (resuming the locator it was given), detect the end, complete. */
+async function turn(marker: string): Promise<RanTurn> {
+  const t = await runTurn(marker);
+  await complete(t);
+  return t;
 }
 
 describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API`, () => {
@@ -128,5 +153,35 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
     expect(refused).toBeInstanceOf(RunnerError);
     expect((refused as RunnerError).reason).toBe('locator_mismatch');
     expect((await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator).toBe(saved);
+  });
+
+  it('refuses a locator change at the end of an ended-failed turn, keeps the saved one, and the next turn carries none of it', async () => {
+    const before = (await h.runner.getGroupState({ groupId })).group?.members[0];
+    const saved = before?.savedLocator ?? '';
+    // Observed (2.1.220): started without --resume, the CLI opens a new session (a new id in
+    // `system/init`); the 500 yields `system/api_retry` (attempt 1), then its own retry succeeds in
+    // that new session. The detector ends the turn at api_retry: ended, failed.
+    h.api.failNext(1, 500);
+    const t9 = await runTurn('MARK-NINE', { resume: false });
+    expect(t9.begun.locator).toBe(saved);
+    expect(t9.evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, endKind: 'api_retry' });
+    expect(t9.evidence.observedLocator).toMatch(/^[0-9a-f-]{36}$/);
+    expect(t9.evidence.observedLocator).not.toBe(saved);
+    // The runner side flags it first: the SDK detector keeps the expected id and names the other one.
+    expect(t9.evidence.locatorConflict).toEqual({ kept: saved, other: t9.evidence.observedLocator, source: 'expected' });
+    expect(history(promptRequest(t9.requests, 'MARK-NINE'))).toEqual(['user:MARK-NINE']);
+    const refused = await complete(t9).then(() => undefined, (e: unknown) => e);
+    expect(refused).toBeInstanceOf(RunnerError);
+    expect((refused as RunnerError).reason).toBe('locator_mismatch');
+    const after = (await h.runner.getGroupState({ groupId })).group?.members[0];
+    expect(after).toMatchObject({ savedLocator: saved, turnInFlightId: '', completedTurns: before?.completedTurns });
+
+    const t10 = await turn('MARK-TEN');
+    expect(t10.begun).toMatchObject({ contextState: ContextState.RESTORED, locator: saved });
+    expect(t10.evidence).toMatchObject({ succeeded: true, observedLocator: saved, assistantText: 'ack MARK-TEN' });
+    const sent = history(promptRequest(t10.requests, 'MARK-TEN'));
+    expect(sent.slice(-3)).toEqual(['user:MARK-EIGHT', 'assistant:MARK-EIGHT', 'user:MARK-TEN']);
+    expect(sent.filter((x) => x.includes('MARK-NINE'))).toEqual([]);
+    for (const m of ['MARK-ONE', 'MARK-FIVE', 'MARK-EIGHT']) expect(sent.filter((x) => x === `user:${m}`)).toHaveLength(1);
   });
 });

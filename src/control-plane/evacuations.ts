@@ -1,0 +1,35 @@
+// Marking a group for evacuation (R-G6, R-H5, R-R3): the intent is written first, with CAS, and the
+// migration controller advances it step by step (planned: stop → checkpoint → restore elsewhere;
+// unplanned: restore from the last checkpoint if usable, LOST with the reason otherwise). Used by
+// the controller for hosts going away, and by GroupOps when a host no longer has a group's
+// containers (its writable layers are gone, like a lost Docker data dir, for that group only).
+import type { RemovalSource } from '../core/index.ts';
+import { isTerminal } from './fleet.ts';
+import type { Evacuation } from './records.ts';
+import { Keys, type ControlPlaneContext } from './state.ts';
+
+/** Mark `groupId` (still on `sourceHostId`) for evacuation; true when this call marked it. */
+export async function markEvacuation(ctx: ControlPlaneContext, groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<boolean> {
+  const now = ctx.now();
+  let marked = false;
+  await ctx.repos.groups.mutate(Keys.group(groupId), (g) => {
+    marked = false;
+    if (g === undefined || isTerminal(g) || g.lifecycle.hostId !== sourceHostId) return undefined;
+    if (g.evacuation?.kind === 'unplanned' || g.evacuation?.kind === kind) return undefined;
+    marked = true;
+    const evacuation: Evacuation = {
+      kind,
+      source,
+      sourceHostId,
+      startedAtMs: g.evacuation?.startedAtMs ?? now,
+      deadlineMs: (g.evacuation?.startedAtMs ?? now) + ctx.config.evacuationDeadlineMs,
+      attempts: g.evacuation?.attempts ?? 0,
+      triedHostIds: g.evacuation?.triedHostIds ?? [],
+    };
+    return { ...g, evacuation, updatedAtMs: now };
+  });
+  if (marked) {
+    await ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } });
+  }
+  return marked;
+}
