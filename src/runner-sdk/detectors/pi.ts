@@ -3,6 +3,13 @@
 // failure, never an empty success: an empty last message that carries an error, or follows a
 // failed auto-retry, fails the turn. Locator = the session id from the `session` header (or the
 // RPC `get_state` answer).
+//
+// Auto-retry (Pi 0.73.1, agent-session.js): a failed call Pi will retry still ends its run with
+// `agent_end` (stopReason `error`); only AFTER it does Pi announce `auto_retry_start` (and run the
+// same turn again, ending with another `agent_end`) or, out of attempts, `auto_retry_end` with
+// success false. So an `agent_end` whose error Pi retries is provisional: the turn's end is the
+// `auto_retry_end` failure, or the `agent_end` of the attempt that is not retried. Ending at the
+// first one reported a failure for a turn whose retry succeeded (its answer was in the session).
 
 import type { TransportKind, TurnEndEvidence } from '../evidence.ts';
 import { MAX_ERROR_CHARS } from '../evidence.ts';
@@ -13,6 +20,11 @@ import { BoundedText, bool, errorText, field, id, isRec, rec, str, type Rec } fr
 const OK_STOP = new Set(['stop', 'toolUse', 'length']);
 /** stopReasons of a failed turn. */
 const FAILED_STOP = new Set(['error', 'aborted']);
+/**
+ * The errors Pi retries by itself: its own test (`_isRetryableError` in agent-session.js of the
+ * pinned 0.73.1), copied so an `agent_end` it will retry is not read as the turn's end.
+ */
+const PI_RETRIES = /overloaded|provider.?returned.?error|rate.?limit|too many requests|429|500|502|503|504|service.?unavailable|server.?error|internal.?error|network.?error|connection.?error|connection.?refused|connection.?lost|websocket.?closed|websocket.?error|other side closed|fetch failed|upstream.?connect|reset before headers|socket hang up|ended without|http2 request did not get a response|timed? out|timeout|terminated|retry delay/i;
 
 class PiDetector implements TurnEndDetector {
   readonly cli = 'pi' as const;
@@ -21,6 +33,8 @@ class PiDetector implements TurnEndDetector {
   private lastAssistant: Rec | undefined;
   /** `auto_retry_end` with success false: the retries ran out on an API error. */
   private retryFailure: string | undefined;
+  /** A failed `agent_end` Pi may still retry: the turn's end if `auto_retry_end` fails next. */
+  private provisionalFailure: string | undefined;
   private text: string | undefined;
 
   constructor(options: DetectorOptions) {
@@ -58,9 +72,15 @@ class PiDetector implements TurnEndDetector {
         if (str(message, 'role') === 'assistant') this.lastAssistant = message;
         return;
       }
+      case 'auto_retry_start':
+        // The failed attempt was not the turn's end: Pi runs the turn again.
+        this.provisionalFailure = undefined;
+        this.lastAssistant = undefined;
+        return;
       case 'auto_retry_end':
         if (bool(event, 'success') === false) {
           this.retryFailure = errorText(field(event, 'finalError'), MAX_ERROR_CHARS) ?? 'auto-retry failed';
+          if (this.provisionalFailure !== undefined) this.t.endNative('agent_end', false, `${this.provisionalFailure} (retries exhausted)`);
         }
         return;
       case 'agent_end':
@@ -114,7 +134,10 @@ class PiDetector implements TurnEndDetector {
     const stopReason = str(last, 'stopReason');
     const errorMessage = errorText(field(last, 'errorMessage'), MAX_ERROR_CHARS);
     if (stopReason !== undefined && FAILED_STOP.has(stopReason)) {
-      this.t.endNative('agent_end', false, `${stopReason}: ${errorMessage ?? this.retryFailure ?? 'no error message'}`);
+      const failure = `${stopReason}: ${errorMessage ?? this.retryFailure ?? 'no error message'}`;
+      // Pi will retry this one (or say it gave up): wait for auto_retry_start / auto_retry_end.
+      if (stopReason === 'error' && errorMessage !== undefined && PI_RETRIES.test(errorMessage) && this.retryFailure === undefined) this.provisionalFailure = failure;
+      else this.t.endNative('agent_end', false, failure);
     } else if (stopReason !== undefined && OK_STOP.has(stopReason)) {
       // An empty answer that carries an error is the terminal API error, not an empty success.
       const hiddenError = text.length === 0 ? errorMessage ?? this.retryFailure : undefined;

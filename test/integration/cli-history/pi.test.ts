@@ -15,6 +15,8 @@
 //   6. a locator change at the END of an ended-failed turn (Pi, not resumed, opened a new session
 //      and its calls failed) is flagged by the SDK detector and refused by the control plane
 //      (`locator_mismatch`); the saved locator is intact and the next turn carries none of it.
+//   7. a failed call Pi retries by itself and then succeeds is a successful turn (the detector waits
+//      past the retried attempt's agent_end), and the next turn carries it once.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -163,5 +165,19 @@ describe(`pinned Pi ${PI_VERSION} against a loopback model API`, () => {
       'user:MARK-ONE', 'assistant:MARK-ONE', 'user:MARK-TWO', 'assistant:MARK-TWO', 'user:MARK-THREE', 'assistant:MARK-THREE',
       'user:MARK-FOUR', 'assistant:MARK-FOUR', 'user:MARK-FIVE', 'user:MARK-SEVEN',
     ]);
+  });
+
+  it('a failed call Pi retries by itself, whose retry succeeds, is a successful turn, and the next turn carries it once', async () => {
+    // Observed (0.73.1): the first attempt's 3 calls fail, Pi reports `agent_end` (stopReason
+    // `error`), THEN `auto_retry_start`, runs the turn again and ends with `agent_end` `stop`. The
+    // detector waits past the first agent_end (it is one Pi retries) and reads the retry's.
+    h.api.failNext(3, 500);
+    const t8 = await turn('MARK-EIGHT').finally(() => h.api.failNext(0, 500));
+    expect(t8.evidence).toMatchObject({ nativeTurnEnded: true, succeeded: true, endKind: 'agent_end', assistantText: 'ack MARK-EIGHT' });
+    expect(t8.requests.length).toBeGreaterThan(3);
+    const t9 = await turn('MARK-NINE');
+    const sent = history(promptRequest(t9.requests, 'MARK-NINE'));
+    expect(sent.slice(-4)).toEqual(['assistant:MARK-SEVEN', 'user:MARK-EIGHT', 'assistant:MARK-EIGHT', 'user:MARK-NINE']);
+    expect(sent.filter((m) => m === 'user:MARK-EIGHT')).toHaveLength(1);
   });
 });

@@ -30,6 +30,29 @@ describe('Pi detector', () => {
     expect(evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, error: 'error: 401 invalid x-api-key' });
   });
 
+  it('a failed attempt Pi retries is not the end (Pi 0.73.1 order: agent_end, then auto_retry_start): the retry decides', async () => {
+    const { evidence } = await driveFixture(cli, 'retry-then-success.jsonl', createPiDetector());
+    expect(evidence).toMatchObject({ nativeTurnEnded: true, succeeded: true, endKind: 'agent_end', assistantText: '4' });
+  });
+
+  it('retries exhausted (agent_end, then auto_retry_end false) is a failure at the auto_retry_end', async () => {
+    const { evidence, read } = await driveFixture(cli, 'retries-exhausted.jsonl', createPiDetector());
+    expect(evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, endKind: 'agent_end' });
+    expect(evidence.error).toMatch(/^error: 500 .*\(retries exhausted\)$/);
+    expect(read.outcome).toBe('stopped');
+  });
+
+  it('an error Pi does not retry ends the turn at once; a stream that ends while a retry is pending is no turn end', () => {
+    const fatal = createPiDetector();
+    fatal.observe({ type: 'agent_end', messages: [{ role: 'assistant', content: [], stopReason: 'error', errorMessage: '401 invalid x-api-key' }] });
+    expect(fatal.result()).toMatchObject({ nativeTurnEnded: true, succeeded: false, error: 'error: 401 invalid x-api-key' });
+    const pending = createPiDetector();
+    pending.observe({ type: 'agent_end', messages: [{ role: 'assistant', content: [], stopReason: 'error', errorMessage: '503 service unavailable' }] });
+    expect(pending.nativeTurnEnded).toBe(false);
+    pending.onTransport('disconnect', 'stream ended before the turn ended');
+    expect(pending.result()).toMatchObject({ nativeTurnEnded: false, endKind: 'disconnect' });
+  });
+
   it('aborted is a failure with the errorMessage', async () => {
     const { evidence } = await driveFixture(cli, 'aborted.jsonl', createPiDetector());
     expect(evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, error: 'aborted: Request was aborted' });
