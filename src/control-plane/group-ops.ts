@@ -256,6 +256,8 @@ export class GroupOps {
         },
       }, 'checkpoint');
     } catch (err) {
+      // The host has none of the group's containers any more (e.g. found by a refresh): recover it.
+      if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
       // A repeat after the manifest was written (e.g. the agent restarted) finds it already there.
       if (!(err instanceof AgentCommandFailed && err.reason === 'manifest_exists')) throw err;
     }

@@ -147,6 +147,8 @@ export class MigrationController {
 
     const hosts = (await listHosts(this.ctx)).map((e) => e.value);
     const groups = (await listGroups(this.ctx)).map((e) => e.value);
+    // Never the source, even one that only lost this group's containers: a migration to the same
+    // host is refused by core, and the source's cleanup removes every generation of the group there.
     const exclude = new Set([ev.sourceHostId, lc.hostId, ...ev.triedHostIds]);
     const target = record === undefined ? undefined : chooseHost(candidates(hosts, groups), { members: g.members.length, exclude, imageDigest: record.baseImageDigest, bridgeVersion: record.bridgeVersion });
 

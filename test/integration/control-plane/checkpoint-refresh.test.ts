@@ -1,10 +1,11 @@
-// An idle conversation stays recoverable (R-G4, R-G6, R-R1), with real parts: real nats-server, two
+// An idle conversation stays recoverable (R-G4, R-G6, R-R1), with real parts: real nats-server, three
 // real dockerd hosts, real host agents, one ControlPlane. A group that stays cleanly STOPPED gets no
 // new checkpoint from its own activity, so without refreshes its checkpoint ages past the maximum and
 // a host loss makes it LOST `stale_checkpoint`. With the maximum at 20 s and refreshes after a
 // quarter of it, the group is stopped, left idle past the maximum, and its host is killed (agent
 // stopped, dockerd stopped, data root deleted): it is restored on the other host and its next turn is
-// RESTORED with its locator.
+// RESTORED with its locator. A refresh that finds a stopped group's containers gone from a live host
+// recovers the group from its checkpoint on another host, with nobody calling.
 import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
@@ -21,7 +22,7 @@ let n = 0;
 const key = () => `k-${++n}`;
 
 beforeAll(async () => {
-  fleet = await startFleet(2, { checkpointMaxAgeMs: MAX_AGE_MS, checkpointRefreshFraction: 0.25 });
+  fleet = await startFleet(3, { checkpointMaxAgeMs: MAX_AGE_MS, checkpointRefreshFraction: 0.25 });
   plane = await fleet.startPlane({ metrics });
   await fleet.startAgentOn('host-a', 0);
   await fleet.waitFor('host-a READY', async () => ((await fleet.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
@@ -75,5 +76,33 @@ describe('checkpoint refresh of cleanly stopped groups', () => {
     expect(next).toMatchObject({ contextState: 'RESTORED', locator: 'sess-idle', hostId: 'host-b' });
     const ok = (await metrics.registry.getSingleMetric('sandboxfleet_checkpoint_refreshes_total')?.get())?.values.find((v) => v.labels.result === 'ok')?.value ?? 0;
     expect(ok).toBeGreaterThanOrEqual(1);
+  });
+
+  it('a refresh that finds the containers of a stopped group gone from a live host recovers the group from its checkpoint elsewhere', async () => {
+    // host-a is dead (previous test); host-c joins, and the group's host loses its containers.
+    await fleet.startAgentOn('host-c', 2);
+    await fleet.waitFor('host-c READY', async () => ((await fleet.host('host-c')).lifecycle.state === 'READY' ? true : undefined));
+    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-idle-gone', members: [{ memberId: 'm1', cli: 'claude_code' }] });
+    const groupId = group.groupId;
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    const lostOn = begun.hostId;
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-idle-gone');
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-idle-gone', evidence: SUCCESS });
+    await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
+    const stopped = await fleet.group(groupId);
+    const docker = fleet.hosts[lostOn === 'host-b' ? 1 : 2]!.docker;
+    for (const c of await docker.listContainers({ all: true, filters: { label: [`sandboxfleet.group=${groupId}`] } })) await docker.getContainer(c.Id).remove({ force: true });
+
+    // Nobody calls: the next refresh finds nothing to capture and evacuates the group.
+    const recovered = await fleet.waitFor('group recovered on the other host', async () => {
+      const g = await fleet.group(groupId);
+      if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
+      return g.lifecycle.state === 'STOPPED' && g.lifecycle.generation > stopped.lifecycle.generation && g.evacuation === undefined ? g : undefined;
+    }, 90_000);
+    expect(recovered.lifecycle.hostId).not.toBe(lostOn);
+    const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: groupId, limit: 100 });
+    expect(events.find((e) => e.event.type === 'evacuation_started')?.event.reason).toBe('docker_data_lost');
+    const next = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    expect(next).toMatchObject({ contextState: 'RESTORED', locator: 'sess-idle-gone', hostId: recovered.lifecycle.hostId });
   });
 });
