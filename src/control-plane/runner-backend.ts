@@ -492,6 +492,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       INVENTORY_TIMEOUT_MS + graceMs,
     );
     this.ctx.metrics.slotReclaims.inc({ outcome: result.restarted ? 'restarted' : 'already_gone' });
+    // Not running any more (a stop got in first): no turn starts on it; the retry sees the stop.
+    if (result.startedAtUnixMs === 0) throw new Unavailable('container_missing', `member ${memberId} is not running; retry`, { details: { groupId: g.groupId, memberId } });
     await this.ctx.events.record({
       subjectKind: 'group',
       subjectId: g.groupId,

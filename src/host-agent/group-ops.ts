@@ -105,7 +105,9 @@ export class GroupOps {
    * R-S6 slot reclaim: end every process of the named incarnation of one member's container by
    * stopping it (SIGTERM, grace, SIGKILL: the engine's escalation) and starting it again; the
    * writable layer stays. When the container no longer runs that incarnation, whatever ran in it is
-   * already gone: the container is only started if stopped. So a repeated command converges.
+   * already gone and nothing is touched: a stopped container is NOT started (a group stop that got
+   * in first must stay a stop; the control plane starts groups, this command only reclaims), so the
+   * answer then names no running incarnation (started_at 0). A repeated command converges.
    */
   async restartMember(groupId: string, generation: number, cmd: RestartMemberCommand): Promise<RestartMemberResult> {
     const c = (await this.membersAt(groupId, generation)).get(cmd.memberId);
@@ -116,12 +118,12 @@ export class GroupOps {
       await this.deps.runtime.stop(c.id, graceSeconds).catch((err: unknown) => {
         throw failed('stop_failed', `reclaim of member ${cmd.memberId}: ${(err as Error).message}`, err);
       });
+      await this.deps.runtime.start(c.id);
     }
-    await this.deps.runtime.start(c.id);
     const after = await this.deps.runtime.find(c.id);
     const startedAt = after?.running === true ? isoToMs(after.startedAt) : undefined;
-    if (startedAt === undefined) throw failed('start_failed', `member ${cmd.memberId} did not run again after the reclaim`);
-    return { containerId: c.id, startedAtUnixMs: startedAt, restarted: lingering };
+    if (lingering && startedAt === undefined) throw failed('start_failed', `member ${cmd.memberId} did not run again after the reclaim`);
+    return { containerId: c.id, startedAtUnixMs: startedAt ?? 0, restarted: lingering };
   }
 
   /**

@@ -141,11 +141,10 @@ describe('create / start / stop / delete', () => {
     expect(value(await restart(first, 'reclaim-g3-1'), 'restartMember')).toEqual(r1);
     expect(value(await restart(first), 'restartMember')).toEqual({ containerId: id, startedAtUnixMs: r1.startedAtUnixMs, restarted: false });
     expect(await startedAt()).toBe(r1.startedAtUnixMs);
-    // A stopped member is only started again.
+    // A stop that got in first stays a stop: nothing is started, and no incarnation is named.
     value(await send(1, { $case: 'stopGroup', value: { groupId: 'g3', graceMs: 2000 } }), 'stopGroup');
-    const r3 = value(await restart(first), 'restartMember');
-    expect(r3.restarted).toBe(false);
-    expect(await states('g3')).toEqual({ m1: 'running' });
+    expect(value(await restart(r1.startedAtUnixMs), 'restartMember')).toEqual({ containerId: id, startedAtUnixMs: 0, restarted: false });
+    expect(await states('g3')).toEqual({ m1: 'exited' });
     expect(await send(1, { $case: 'restartMember', value: { groupId: 'g3', memberId: 'nobody', containerId: id, startedAtUnixMs: first, graceMs: 0 } })).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'member_not_found' });
     value(await send(1, { $case: 'deleteGroup', value: { groupId: 'g3', reason: 'destroyed' } }), 'deleteGroup');
   });

@@ -490,8 +490,8 @@ export interface CheckpointResult {
  * Restart one member container to reclaim its slot (R-S6): a CLI process of the named incarnation
  * may still run after a turn whose process exit the runner could not confirm; stopping the container
  * (SIGTERM, grace, SIGKILL) and starting it again ends every process in it. Keeps the writable layer.
- * Idempotent: when the member no longer runs that incarnation, the slot is already reclaimed and the
- * container is only started if stopped.
+ * Idempotent: when the member no longer runs that incarnation, the slot is already reclaimed and
+ * nothing is touched (a stopped container stays stopped: only the control plane starts groups).
  */
 export interface RestartMemberCommand {
   groupId: string;
@@ -504,7 +504,7 @@ export interface RestartMemberCommand {
 
 export interface RestartMemberResult {
   containerId: string;
-  /** The new incarnation. */
+  /** The incarnation running now; 0 when the container is not running. */
   startedAtUnixMs: number;
   /** False when the named incarnation was already gone (nothing was stopped). */
   restarted: boolean;
