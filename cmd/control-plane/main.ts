@@ -55,7 +55,7 @@ async function main(): Promise<void> {
   const insecure = grpcSecurityProblem(config);
   if (insecure !== undefined) throw new Error(`invalid control-plane configuration: ${insecure}`);
   // This build's exact SHA (R-H7; the default allowed agent SHA): baked into release images, else
-  // the dev checkout's HEAD; neither refuses to start (src/config/build-sha.ts).
+  // the dev checkout's HEAD; with neither, start-up is refused (src/config/build-sha.ts).
   const build = resolveBuildSha(process.env, [BUILD_SHA_ENV], REPO_ROOT);
   const logger = createLogger({ name: 'control-plane', level: config.logLevel });
   logger.info({ buildSha: build.sha, source: build.source, apiSha: API_SHA }, 'build identity');

@@ -371,10 +371,11 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     .requiredOption('--model <id>', 'model id to ask (required: no default is guessed)')
     .requiredOption('--key-file <file>', 'file holding the gateway API key, mode 0600 or stricter (refused otherwise); the key is never taken from argv or env')
     .option('--repetitions <n>', `repetitions of the 5 cases, ${LIMITS.repetitions.min}..${LIMITS.repetitions.max}`, String(LIMITS.repetitions.default))
+    .option('--allow-plain-http', 'allow an http:// gateway that is not on loopback (the key would cross the network unencrypted)')
     .option('--max-tokens <n>', `max_tokens of each call, ${LIMITS.maxTokens.min}..${LIMITS.maxTokens.max} (stop_reason max_tokens is a failure)`, String(LIMITS.maxTokens.default))
     // Only to refuse it, without echoing the value: a key on the command line is in ps and shell history.
     .addOption(new Option('--api-key <key>').hideHelp())
-    .action(async (opts: { gateway: string; model: string; keyFile: string; repetitions: string; maxTokens: string; apiKey?: string }, cmd: Command) => {
+    .action(async (opts: { gateway: string; model: string; keyFile: string; repetitions: string; maxTokens: string; allowPlainHttp?: boolean; apiKey?: string }, cmd: Command) => {
       const g = globals(cmd);
       if (opts.apiKey !== undefined) throw new UsageError('the gateway key is never taken from the command line (ps and shell history show it): put it in a file (chmod 600) and pass --key-file');
       if (g.key !== undefined) throw new UsageError('--key is the admin client TLS key and preflight does not use it; the gateway key is read only from --key-file');
@@ -385,9 +386,13 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
       const timeoutMs = program.getOptionValueSource('timeout') === 'cli'
         ? boundedInt(String(g.timeout), '--timeout', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max)
         : LIMITS.timeoutMs.default;
+      // Refused before the key is even read: a plain-http gateway off loopback would carry it in clear.
+      if (gateway.protocol === 'http:' && !isLoopback(gateway)) {
+        if (opts.allowPlainHttp !== true) throw new UsageError(`${gateway.host} is plain http: the key would cross the network unencrypted; use https, or --allow-plain-http`);
+        io.err(`sandboxctl: warning: ${gateway.host} is plain http: the key crosses the network unencrypted`);
+      }
       const key = await readKeyFile(opts.keyFile);
       const redact = redactor(key);
-      if (gateway.protocol === 'http:' && !isLoopback(gateway)) io.err(`sandboxctl: warning: ${gateway.host} is plain http: the key crosses the network unencrypted`);
       let report;
       try {
         report = await runPreflight({ gateway, model, repetitions, maxTokens, timeoutMs }, key, { randomBytes: (n) => randomBytes(n), now: () => Date.now() });

@@ -66,6 +66,7 @@ export class ControlPlane {
   /** Parsed manifests' chunk digests, kept across GC passes (manifests are write-once). */
   readonly #manifestDigests = new ManifestDigestCache();
   readonly #groupOps: GroupOps;
+  #refreshing: Promise<unknown> | undefined;
 
   constructor(private readonly opts: ControlPlaneOptions) {
     const now = opts.now ?? Date.now;
@@ -145,11 +146,11 @@ export class ControlPlane {
       } catch (err) {
         this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
       }
-      try {
-        await refreshCheckpoints(this.ctx, this.#groupOps);
-      } catch (err) {
-        this.ctx.logger.warn(describeError(err), 'checkpoint refresh pass failed');
-      }
+      // Refreshes take whole checkpoints (up to an agent command timeout each): they run beside the
+      // pass, one batch at a time, so liveness, lease renewal and evacuations never wait for them.
+      this.#refreshing ??= refreshCheckpoints(this.ctx, this.#groupOps, () => !this.#stopped && this.leader.isLeader)
+        .catch((err: unknown) => this.ctx.logger.warn(describeError(err), 'checkpoint refresh pass failed'))
+        .finally(() => { this.#refreshing = undefined; });
     }
   }
 
@@ -167,6 +168,7 @@ export class ControlPlane {
     this.#stopped = true;
     if (this.#timer) clearTimeout(this.#timer);
     await this.#running?.catch(() => undefined);
+    await this.#refreshing;
     this.probes.stop();
     await this.registry.stop();
     await this.leader.resign();

@@ -206,6 +206,12 @@ export class GroupOps {
       throw unwrapRefusal(transitionGroup(lc, { type: 'migration_started', targetHostId: '', assessment: { usable: false, reason: 'no_checkpoint', reasons: ['no_checkpoint'] } }, this.ctx.now()));
     }
     const checkpointId = checkpointIdFor(groupId, lc.generation, lc.activityVersion, refresh);
+    if (refresh === undefined && g.latestCheckpointId !== undefined && g.latestCheckpointId !== checkpointId) {
+      // A refresh (or the previous placement's checkpoint) of this very state is the latest: it is at
+      // least as new as this state's first checkpoint, so latest never moves back to an older one.
+      const latest = (await this.ctx.repos.checkpoints.get(Keys.checkpoint(groupId, g.latestCheckpointId)))?.value;
+      if (latest !== undefined && latest.activityVersion === lc.activityVersion && latest.createdAtMs >= lc.lastActivityAtMs) return latest;
+    }
     const key = Keys.checkpoint(groupId, checkpointId);
     const existing = await this.ctx.repos.checkpoints.get(key);
     let record = existing?.value;

@@ -23,7 +23,7 @@ import type { ChunkStore } from '../store/chunk-store.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { readManifest } from './checkpoints.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
-import { describeError, listGroups } from './fleet.ts';
+import { describeError, listGroups, listHosts } from './fleet.ts';
 import type { GroupOps } from './group-ops.ts';
 import { Keys, type ControlPlaneContext } from './state.ts';
 
@@ -46,21 +46,33 @@ export interface CollectResult {
 export class ManifestDigestCache {
   readonly #digests = new Map<string, readonly string[]>();
 
-  async all(chunks: ChunkStore): Promise<Map<string, { readonly checkpointId: string; readonly digests: readonly string[] }>> {
+  /**
+   * `unreadable` counts stored manifests whose chunks cannot be known (a subject or a body this
+   * version cannot parse, e.g. written by an older one): while any exists, no chunk may be deleted,
+   * since one of them might need it.
+   */
+  async all(chunks: ChunkStore): Promise<{ byId: Map<string, { readonly checkpointId: string; readonly digests: readonly string[] }>; unreadable: number }> {
     const out = new Map<string, { checkpointId: string; digests: readonly string[] }>();
-    for (const m of await chunks.listManifests()) {
+    const listed = await chunks.listManifests();
+    let unreadable = listed.unrecognized;
+    for (const m of listed) {
       const id = `${m.hostId}/${m.groupId}/${m.checkpointId}`;
       let digests = this.#digests.get(id);
       if (digests === undefined) {
         const manifest = await readManifest(chunks, m.hostId, m.groupId, m.checkpointId);
-        // A manifest that does not parse references nothing (and is never restored from).
-        digests = (manifest?.members ?? []).flatMap((member) => member.layer.chunks.map((c) => c.digest));
+        if (manifest === undefined) {
+          // Not parsed (never restored from either), but its chunks are unknown: not cached, counted.
+          unreadable += 1;
+          out.set(id, { checkpointId: m.checkpointId, digests: [] });
+          continue;
+        }
+        digests = manifest.members.flatMap((member) => member.layer.chunks.map((c) => c.digest));
         this.#digests.set(id, digests);
       }
       out.set(id, { checkpointId: m.checkpointId, digests });
     }
     for (const id of this.#digests.keys()) if (!out.has(id)) this.#digests.delete(id);
-    return out;
+    return { byId: out, unreadable };
   }
 }
 
@@ -132,6 +144,7 @@ export interface RefreshDue {
  */
 export function checkpointsDueForRefresh(
   groups: readonly Pick<GroupRecord, 'groupId' | 'lifecycle' | 'latestCheckpointId' | 'evacuation'>[],
+  readyHostIds: ReadonlySet<string>,
   checkpoints: readonly Pick<CheckpointRecord, 'groupId' | 'checkpointId' | 'activityVersion' | 'createdAtMs'>[],
   nowMs: number,
   refreshAfterMs: number,
@@ -143,6 +156,8 @@ export function checkpointsDueForRefresh(
   for (const g of groups) {
     const lc = g.lifecycle;
     if (lc.state !== 'STOPPED' || lc.stop?.clean !== true || lc.migration !== undefined || g.evacuation !== undefined) continue;
+    // Only a READY host is asked: a silent one would hold the refresh for a whole command timeout.
+    if (!readyHostIds.has(lc.hostId)) continue;
     const c = g.latestCheckpointId === undefined ? undefined : byKey.get(`${g.groupId}/${g.latestCheckpointId}`);
     if (c === undefined || c.activityVersion !== lc.activityVersion || c.createdAtMs < lc.lastActivityAtMs) continue;
     const ageMs = nowMs - c.createdAtMs;
@@ -152,17 +167,19 @@ export function checkpointsDueForRefresh(
 }
 
 /**
- * Retake the due checkpoints (checkpointsDueForRefresh), one at a time. A failure (host busy or
- * unreachable, layers changed) is logged and counted; the group is due again next pass, and if its
- * checkpoint does age out, the exposure gauge and its alert say so.
+ * Retake the due checkpoints (checkpointsDueForRefresh), one at a time, while `stillLeader()`. A
+ * failure (host busy or unreachable, layers changed) is logged and counted; the group is due again
+ * next pass, and if its checkpoint does age out, the exposure gauge and its alert say so.
  */
-export async function refreshCheckpoints(ctx: ControlPlaneContext, ops: GroupOps): Promise<number> {
+export async function refreshCheckpoints(ctx: ControlPlaneContext, ops: GroupOps, stillLeader: () => boolean = () => true): Promise<number> {
   const refreshAfterMs = ctx.config.checkpointMaxAgeMs * ctx.config.checkpointRefreshFraction;
   if (refreshAfterMs <= 0) return 0;
-  const groups = (await listGroups(ctx)).map((e) => e.value);
+  const [groups, hosts] = await Promise.all([listGroups(ctx), listHosts(ctx)]);
+  const ready = new Set(hosts.filter((h) => h.value.lifecycle.state === 'READY').map((h) => h.value.hostId));
   const { entries } = await ctx.repos.checkpoints.list();
   let refreshed = 0;
-  for (const due of checkpointsDueForRefresh(groups, entries.map((e) => e.value), ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass)) {
+  for (const due of checkpointsDueForRefresh(groups.map((e) => e.value), ready, entries.map((e) => e.value), ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass)) {
+    if (!stillLeader()) break;
     try {
       await ops.checkpoint(due.groupId, due.period);
       ctx.metrics.checkpointRefreshes.inc({ result: 'ok' });
@@ -201,7 +218,11 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
 
   const result = await new ChunkGcLocks(ctx).trySweep(SWEEP_BUDGET_MS, async (inTime) => {
     // Under the lock: no checkpoint can start relying on a chunk until we are done.
-    const manifests = await cache.all(ctx.chunks);
+    const { byId: manifests, unreadable } = await cache.all(ctx.chunks);
+    // A manifest whose chunks cannot be known might need any chunk: delete none (the doomed
+    // checkpoints' manifests and records still go; their chunks wait for a later pass).
+    const chunksSafe = unreadable === 0;
+    if (!chunksSafe) ctx.logger.warn({ unreadable }, 'stored manifests this version cannot read: no chunk is deleted until they are gone or readable');
     const referenced = new Set<string>();
     for (const m of manifests.values()) if (!doomed.has(m.checkpointId)) for (const d of m.digests) referenced.add(d);
     const deleted: string[] = [];
@@ -210,7 +231,7 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
       if (!doomed.has(e.value.checkpointId)) continue;
       const { sourceHostId, groupId, checkpointId } = e.value;
       try {
-        for (const d of manifests.get(`${sourceHostId}/${groupId}/${checkpointId}`)?.digests ?? []) {
+        for (const d of chunksSafe ? manifests.get(`${sourceHostId}/${groupId}/${checkpointId}`)?.digests ?? [] : []) {
           if (referenced.has(d)) continue;
           if (!inTime()) return { deleted, sweptChunks };
           await ctx.chunks.delete(d);
@@ -226,7 +247,7 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
         ctx.logger.warn({ checkpointId, ...describeError(err) }, 'checkpoint deletion failed; retried next pass');
       }
     }
-    if (options.fullSweep === true) {
+    if (options.fullSweep === true && chunksSafe) {
       // Still under the lock, every chunk a manifest does not name is garbage: no checkpoint that
       // could come to rely on it is in progress. `referenced` holds every kept manifest's chunks.
       for (const d of await ctx.chunks.listChunkDigests()) {

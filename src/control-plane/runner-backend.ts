@@ -52,6 +52,7 @@ import { isSafeId } from '../core/checkpoint-manifest.ts';
 import type { BeginTurnInput, BeginTurnView, CompleteTurnInput, CompleteTurnView, GroupView, OpenGroupInput, RunnerBackend, StopGroupInput, StopGroupView, TurnEvidenceInput } from '../core/runner-port.ts';
 import { ContainerState } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
+import { AgentCommandFailed } from './agent-client.ts';
 import type { Versioned } from '../store/kv-repository.ts';
 import { candidates, isTerminal, listGroups, listHosts } from './fleet.ts';
 import { GroupOps } from './group-ops.ts';
@@ -421,7 +422,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       // R-S6: end the lingering process before the record says a new one may start. Only a fresh
       // observation can name it (heartbeat evidence proves LIVE only), so this is never a cached decision.
       fresh();
-      running = await this.#reclaimSlot(g, memberId, o.reclaimProcess, hostEpoch);
+      running = await this.#reclaimSlot(g, memberId, o.reclaimProcess, hostEpoch, request.turnId);
       slotReclaimed = true;
     }
     const view = (member: MemberRecord): BeginTurnView | undefined => (!o.ok ? undefined : {
@@ -476,21 +477,29 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
   /**
    * R-S6 slot reclaim: restart the member's container (SIGTERM, grace, SIGKILL, start) so no process
    * of the lingering incarnation survives; the writable layer, and with it the native session, stays.
-   * The command id names the incarnation, so a retried begin re-asks for the same restart and the
-   * agent answers it from its result cache (or finds that incarnation already gone).
+   * The agent restarts only while that incarnation runs, so a retried begin converges; the command
+   * id also names the turn, so a failure the agent cached is not replayed to every later turn. A
+   * failed or refused restart is UNAVAILABLE to the runner (retry), never INTERNAL.
    */
-  async #reclaimSlot(g: GroupRecord, memberId: string, lingering: ProcessIdentity, hostEpoch: number): Promise<ProcessIdentity> {
+  async #reclaimSlot(g: GroupRecord, memberId: string, lingering: ProcessIdentity, hostEpoch: number, turnId: string): Promise<ProcessIdentity> {
     const startedAtUnixMs = Number(lingering.incarnation);
     if (!Number.isSafeInteger(startedAtUnixMs)) throw new Unavailable('host_unreachable', `member ${memberId}: cannot name the process to reclaim`, { details: { groupId: g.groupId, memberId } });
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
     const graceMs = this.ctx.config.stopGraceMs;
-    const result = await this.ctx.agents.send(
-      target,
-      `reclaim-${g.groupId}-${memberId}-${lingering.incarnation}`,
-      { $case: 'restartMember', value: { groupId: g.groupId, memberId, containerId: lingering.containerId, startedAtUnixMs, graceMs } },
-      'restartMember',
-      INVENTORY_TIMEOUT_MS + graceMs,
-    );
+    let result: { containerId: string; startedAtUnixMs: number; restarted: boolean };
+    try {
+      result = await this.ctx.agents.send(
+        target,
+        `reclaim-${g.groupId}-${memberId}-${lingering.incarnation}-${turnId}`,
+        { $case: 'restartMember', value: { groupId: g.groupId, memberId, containerId: lingering.containerId, startedAtUnixMs, graceMs } },
+        'restartMember',
+        INVENTORY_TIMEOUT_MS + graceMs,
+      );
+    } catch (err) {
+      if (!(err instanceof AgentCommandFailed)) throw err;
+      this.ctx.metrics.slotReclaims.inc({ outcome: 'failed' });
+      throw new Unavailable('host_unreachable', `reclaiming member ${memberId}'s slot failed (${err.reason}); retry`, { details: { groupId: g.groupId, memberId, agentReason: err.reason } });
+    }
     this.ctx.metrics.slotReclaims.inc({ outcome: result.restarted ? 'restarted' : 'already_gone' });
     // Not running any more (a stop got in first): no turn starts on it; the retry sees the stop.
     if (result.startedAtUnixMs === 0) throw new Unavailable('container_missing', `member ${memberId} is not running; retry`, { details: { groupId: g.groupId, memberId } });

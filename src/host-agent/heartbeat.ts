@@ -126,7 +126,10 @@ export class Heartbeater {
     }
   }
 
-  /** The notice file may hold `{"source": "spot", "deadlineUnixMs": 123}`; any content means "spot". */
+  /**
+   * The notice file may hold `{"source": "spot", "deadlineUnixMs": 123}`; any other content means
+   * "spot", and so does the source `docker_data_lost`, which only the agent itself may report.
+   */
   private checkNoticeFile(): void {
     const file = this.deps.reclaimNoticeFile;
     if (file === undefined || this.notice !== undefined || !existsSync(file)) return;
@@ -135,7 +138,9 @@ export class Heartbeater {
     try {
       if (statSync(file).size <= MAX_NOTICE_FILE_BYTES) {
         const parsed = JSON.parse(readFileSync(file, 'utf8')) as { source?: unknown; deadlineUnixMs?: unknown };
-        if (typeof parsed.source === 'string' && /^[a-z_]{1,32}$/.test(parsed.source)) source = parsed.source;
+        // `docker_data_lost` is the agent's own finding (it makes the host DEAD at once): an outside
+        // watcher's file can only say the machine is going away, never that its data is gone.
+        if (typeof parsed.source === 'string' && /^[a-z_]{1,32}$/.test(parsed.source) && parsed.source !== 'docker_data_lost') source = parsed.source;
         if (typeof parsed.deadlineUnixMs === 'number' && Number.isSafeInteger(parsed.deadlineUnixMs) && parsed.deadlineUnixMs > 0) deadlineUnixMs = parsed.deadlineUnixMs;
       }
     } catch {

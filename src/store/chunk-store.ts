@@ -281,13 +281,21 @@ export class ChunkStore {
   }
 
   /** Every stored manifest's place (host, group, checkpoint), indexed by the control plane or not. */
-  async listManifests(): Promise<{ hostId: string; groupId: string; checkpointId: string }[]> {
+  /**
+   * Every stored manifest's identity. Subjects this version cannot read (e.g. a host id outside
+   * today's rule, written by an older version) are counted in `unrecognized`, not dropped: a
+   * garbage collector must not take "not listed" for "references nothing".
+   */
+  async listManifests(): Promise<{ hostId: string; groupId: string; checkpointId: string }[] & { unrecognized: number }> {
     const info = await this.jsm.streams.info(this.manifestStream, { subjects_filter: `${MANIFEST_PREFIX}>` });
-    const out: { hostId: string; groupId: string; checkpointId: string }[] = [];
+    const out = Object.assign([] as { hostId: string; groupId: string; checkpointId: string }[], { unrecognized: 0 });
     for (const subject of Object.keys(info.state.subjects ?? {})) {
       const [host, groupId, checkpointId, extra] = subject.slice(MANIFEST_PREFIX.length).split('.');
       const hostId = host === undefined ? undefined : hostIdFromToken(host);
-      if (hostId === undefined || groupId === undefined || checkpointId === undefined || extra !== undefined) continue;
+      if (hostId === undefined || groupId === undefined || checkpointId === undefined || extra !== undefined) {
+        out.unrecognized += 1;
+        continue;
+      }
       out.push({ hostId, groupId, checkpointId });
     }
     return out;

@@ -10,6 +10,10 @@
 // success false. So an `agent_end` whose error Pi retries is provisional: the turn's end is the
 // `auto_retry_end` failure, or the `agent_end` of the attempt that is not retried. Ending at the
 // first one reported a failure for a turn whose retry succeeded (its answer was in the session).
+// Any `auto_retry_end` with success false ends the turn (out of attempts, or cancelled in the
+// backoff). Known limit: with Pi's retries switched off (`retry.enabled: false`) an error it would
+// otherwise retry is followed by nothing but the end of the stream, which is a disconnect, never a
+// turn end (R-S5): such a turn is unconfirmed. The pinned image keeps Pi's default (retries on).
 
 import type { TransportKind, TurnEndEvidence } from '../evidence.ts';
 import { MAX_ERROR_CHARS } from '../evidence.ts';
@@ -24,6 +28,8 @@ const FAILED_STOP = new Set(['error', 'aborted']);
  * The errors Pi retries by itself: its own test (`_isRetryableError` in agent-session.js of the
  * pinned 0.73.1), copied so an `agent_end` it will retry is not read as the turn's end.
  */
+/** Context overflow: Pi compacts instead of retrying, even when the text matches PI_RETRIES (e.g. a token count holding "429"). */
+const CONTEXT_OVERFLOW = /prompt is too long|context.?(?:length|window)|maximum context|too many (?:input )?tokens|exceeds? the (?:model's )?context/i;
 const PI_RETRIES = /overloaded|provider.?returned.?error|rate.?limit|too many requests|429|500|502|503|504|service.?unavailable|server.?error|internal.?error|network.?error|connection.?error|connection.?refused|connection.?lost|websocket.?closed|websocket.?error|other side closed|fetch failed|upstream.?connect|reset before headers|socket hang up|ended without|http2 request did not get a response|timed? out|timeout|terminated|retry delay/i;
 
 class PiDetector implements TurnEndDetector {
@@ -79,8 +85,10 @@ class PiDetector implements TurnEndDetector {
         return;
       case 'auto_retry_end':
         if (bool(event, 'success') === false) {
+          // Pi gave up (out of attempts, or the retry was cancelled in its backoff): no agent_end may
+          // follow, so this is the turn's end, a failure.
           this.retryFailure = errorText(field(event, 'finalError'), MAX_ERROR_CHARS) ?? 'auto-retry failed';
-          if (this.provisionalFailure !== undefined) this.t.endNative('agent_end', false, `${this.provisionalFailure} (retries exhausted)`);
+          this.t.endNative('agent_end', false, this.provisionalFailure !== undefined ? `${this.provisionalFailure} (retries exhausted)` : `error: ${this.retryFailure}`);
         }
         return;
       case 'agent_end':
@@ -136,7 +144,8 @@ class PiDetector implements TurnEndDetector {
     if (stopReason !== undefined && FAILED_STOP.has(stopReason)) {
       const failure = `${stopReason}: ${errorMessage ?? this.retryFailure ?? 'no error message'}`;
       // Pi will retry this one (or say it gave up): wait for auto_retry_start / auto_retry_end.
-      if (stopReason === 'error' && errorMessage !== undefined && PI_RETRIES.test(errorMessage) && this.retryFailure === undefined) this.provisionalFailure = failure;
+      const piRetries = stopReason === 'error' && errorMessage !== undefined && PI_RETRIES.test(errorMessage) && !CONTEXT_OVERFLOW.test(errorMessage);
+      if (piRetries && this.retryFailure === undefined) this.provisionalFailure = failure;
       else this.t.endNative('agent_end', false, failure);
     } else if (stopReason !== undefined && OK_STOP.has(stopReason)) {
       // An empty answer that carries an error is the terminal API error, not an empty success.

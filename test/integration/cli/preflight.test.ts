@@ -294,6 +294,7 @@ describe('sandboxctl preflight input validation (exit 2, nothing sent)', () => {
     ['--repetitions 0', ['--gateway', 'http://127.0.0.1:9', '--model', MODEL, '--repetitions', '0'], /--repetitions must be an integer from 1 to 10/],
     ['--repetitions 11', ['--gateway', 'http://127.0.0.1:9', '--model', MODEL, '--repetitions', '11'], /from 1 to 10/],
     ['--max-tokens 1e6', ['--gateway', 'http://127.0.0.1:9', '--model', MODEL, '--max-tokens', '1000000'], /--max-tokens must be/],
+    ['a plain-http gateway off loopback', ['--gateway', 'http://gw.example', '--model', MODEL], /plain http: the key would cross the network unencrypted; use https, or --allow-plain-http/],
   ])('%s', async (_what, args, msg) => {
     const run = await sandboxctl(['preflight', '--key-file', keyFile, ...args]);
     expect(run.code).toBe(2);

@@ -6,6 +6,7 @@
 // - a checkpoint in progress defers the whole pass (nothing deleted), and a sweep in progress makes
 //   a checkpoint wait (`gc_in_progress`), never both at once — also under a storm of concurrent
 //   attempts against the real KV bucket.
+import { CHECKPOINT_STREAMS } from '../../../src/core/agent-subjects.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Unavailable } from '../../../src/core/index.ts';
 import { verifyCheckpoint } from '../../../src/control-plane/checkpoints.ts';
@@ -147,6 +148,18 @@ describe('checkpoint garbage collection', () => {
     expect(await chunkCount()).toBe(before - 3);
     for (const d of orphans) expect(await fleet.chunks.has(d)).toBe(false);
     for (const d of kept) expect(await fleet.chunks.has(d)).toBe(true);
+  });
+
+  it('deletes no chunk while a stored manifest cannot be read (e.g. a host id an older version allowed), then resumes', async () => {
+    const orphan = (await fleet.chunks.put(new TextEncoder().encode(`orphan-unreadable ${Date.now()}`))).ref.digest;
+    // A manifest under a subject this version does not recognize, as an older version might have left.
+    const subject = `${CHECKPOINT_STREAMS.manifestSubjectPrefix}Node_1.g-legacy.c-legacy`;
+    await fleet.store.js.publish(subject, new TextEncoder().encode('{"not":"a manifest this version reads"}'));
+    expect(await collectCheckpoints(plane.ctx, undefined, { fullSweep: true })).toEqual({ deleted: [], sweptChunks: 0, deferred: false });
+    expect(await fleet.chunks.has(orphan)).toBe(true);
+    await fleet.store.jsm.streams.purge(fleet.chunks.manifestStream, { filter: subject });
+    expect(await collectCheckpoints(plane.ctx, undefined, { fullSweep: true })).toEqual({ deleted: [], sweptChunks: 1, deferred: false });
+    expect(await fleet.chunks.has(orphan)).toBe(false);
   });
 
   it('never lets a sweep and a checkpoint proceed at once, under concurrent attempts', async () => {

@@ -56,6 +56,10 @@ describe('checkpoint refresh of cleanly stopped groups', () => {
     expect(retaken.createdAtMs).toBeGreaterThan(firstCreatedAt);
     const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: groupId, limit: 100 });
     expect(events.filter((e) => e.event.type === 'checkpoint_created').map((e) => e.event.reason)).toContain('refresh');
+    // Stopping the stopped group again answers the refreshed checkpoint: latest never moves back.
+    const again = await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
+    expect(again.checkpointId).toBe(refreshed.latestCheckpointId);
+    expect((await fleet.group(groupId)).latestCheckpointId).toBe(refreshed.latestCheckpointId);
 
     // Idle past the maximum age of the first checkpoint, then the host dies.
     await fleet.startAgentOn('host-b', 1);

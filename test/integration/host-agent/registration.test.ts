@@ -149,6 +149,15 @@ describe('going away (R-H5)', () => {
     await Promise.all([n.stop(), hb.stop()]);
   });
 
+  it('a notice file cannot claim docker_data_lost (only the agent itself finds that): it is a spot notice', async () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'sf-notice-')), 'reclaim');
+    const n = notices(nc, 'reg-claim');
+    await agentOn('reg-claim', good, { reclaimNoticeFile: file });
+    writeFileSync(file, JSON.stringify({ source: 'docker_data_lost' }));
+    expect((await n.waitFor(() => true, 10_000)).source).toBe('spot');
+    await n.stop();
+  });
+
   it('runs as a process: registers, SIGUSR2 is a preemption notice, SIGTERM stops it gracefully', async () => {
     const hb = heartbeats(nc, 'reg-proc');
     const n = notices(nc, 'reg-proc');

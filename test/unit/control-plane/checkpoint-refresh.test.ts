@@ -9,6 +9,7 @@ import { checkpointIdFor } from '../../../src/control-plane/group-ops.ts';
 const NOW = 1_800_000_000_000;
 const H = 3_600_000;
 const REFRESH_AFTER = 12 * H;
+const READY = new Set(['host-a']);
 
 function group(groupId: string, lc: Partial<GroupLifecycle> = {}, latestCheckpointId: string | null = `c-${groupId}`, evacuating = false) {
   const lifecycle: GroupLifecycle = { state: 'STOPPED', hostId: 'host-a', generation: 1, activityVersion: 4, lastActivityAtMs: NOW - 30 * H, stop: { clean: true }, ...lc };
@@ -20,10 +21,10 @@ describe('checkpointsDueForRefresh', () => {
   it('picks clean-stopped groups whose usable checkpoint is older than the refresh age, oldest first, at most `limit`', () => {
     const groups = [group('young'), group('old'), group('older'), group('oldest')];
     const checkpoints = [ckpt('young', 11 * H), ckpt('old', 13 * H), ckpt('older', 20 * H), ckpt('oldest', 23 * H)];
-    const due = checkpointsDueForRefresh(groups, checkpoints, NOW, REFRESH_AFTER, 2);
+    const due = checkpointsDueForRefresh(groups, READY, checkpoints, NOW, REFRESH_AFTER, 2);
     expect(due.map((d) => d.groupId)).toEqual(['oldest', 'older']);
     expect(due[0]).toEqual({ groupId: 'oldest', ageMs: 23 * H, period: Math.floor(NOW / REFRESH_AFTER) });
-    expect(checkpointsDueForRefresh(groups, checkpoints, NOW, REFRESH_AFTER, 10).map((d) => d.groupId)).toEqual(['oldest', 'older', 'old']);
+    expect(checkpointsDueForRefresh(groups, READY, checkpoints, NOW, REFRESH_AFTER, 10).map((d) => d.groupId)).toEqual(['oldest', 'older', 'old']);
   });
 
   it('leaves alone what a refresh cannot or must not retake', () => {
@@ -38,11 +39,15 @@ describe('checkpointsDueForRefresh', () => {
       group('outdated'), // its checkpoint is of an older activity version: not a capture of this state
     ];
     const checkpoints = [...groups.filter((g) => g.groupId !== 'outdated').map((g) => ckpt(g.groupId, old)), ckpt('outdated', old, 3)];
-    expect(checkpointsDueForRefresh(groups, checkpoints, NOW, REFRESH_AFTER, 10)).toEqual([]);
+    expect(checkpointsDueForRefresh(groups, READY, checkpoints, NOW, REFRESH_AFTER, 10)).toEqual([]);
+  });
+
+  it('asks only READY hosts (a silent one would hold the refresh for a command timeout)', () => {
+    expect(checkpointsDueForRefresh([group('g')], new Set(['host-b']), [ckpt('g', 100 * H)], NOW, REFRESH_AFTER, 10)).toEqual([]);
   });
 
   it('is off at refresh age 0; a refresh gets its own deterministic checkpoint id per period', () => {
-    expect(checkpointsDueForRefresh([group('g')], [ckpt('g', 100 * H)], NOW, 0, 10)).toEqual([]);
+    expect(checkpointsDueForRefresh([group('g')], READY, [ckpt('g', 100 * H)], NOW, 0, 10)).toEqual([]);
     const base = checkpointIdFor('g', 1, 4);
     expect(checkpointIdFor('g', 1, 4, 7)).toBe(checkpointIdFor('g', 1, 4, 7));
     expect(new Set([base, checkpointIdFor('g', 1, 4, 7), checkpointIdFor('g', 1, 4, 8)]).size).toBe(3);

@@ -53,6 +53,18 @@ describe('Pi detector', () => {
     expect(pending.result()).toMatchObject({ nativeTurnEnded: false, endKind: 'disconnect' });
   });
 
+  it('a retry cancelled in its backoff ends the turn as a failure; a context overflow (Pi compacts, never retries) ends it at once', () => {
+    const cancelled = createPiDetector();
+    cancelled.observe({ type: 'agent_end', messages: [{ role: 'assistant', content: [], stopReason: 'error', errorMessage: '503 service unavailable' }] });
+    cancelled.observe({ type: 'auto_retry_start', attempt: 1, maxAttempts: 3, delayMs: 2000, errorMessage: '503 service unavailable' });
+    expect(cancelled.nativeTurnEnded).toBe(false);
+    cancelled.observe({ type: 'auto_retry_end', success: false, attempt: 1, finalError: 'Retry cancelled' });
+    expect(cancelled.result()).toMatchObject({ nativeTurnEnded: true, succeeded: false, error: 'error: Retry cancelled' });
+    const overflow = createPiDetector();
+    overflow.observe({ type: 'agent_end', messages: [{ role: 'assistant', content: [], stopReason: 'error', errorMessage: 'prompt is too long: 208429 tokens > 200000 maximum' }] });
+    expect(overflow.result()).toMatchObject({ nativeTurnEnded: true, succeeded: false });
+  });
+
   it('aborted is a failure with the errorMessage', async () => {
     const { evidence } = await driveFixture(cli, 'aborted.jsonl', createPiDetector());
     expect(evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, error: 'aborted: Request was aborted' });

@@ -134,8 +134,10 @@ export interface TurnEndEvidence {
    */
   processExited: boolean;
   /**
-   * The exit was confirmed. If process_exited && !exit_confirmed the member's slot is reclaimed
-   * before the next start (R-S6).
+   * The runner saw the process exit. A process that is not reused (it exited or was let exit,
+   * the transport was lost at the end, or it reported another session) and whose exit was not
+   * confirmed is reclaimed before the next start: the member's container is restarted (R-S6,
+   * BeginTurnResponse.slot_reclaimed).
    */
   exitConfirmed: boolean;
   /** Exit code when exit_confirmed. */
