@@ -149,11 +149,7 @@ describe(`pinned Codex ${CODEX_VERSION} against a loopback model API`, () => {
   });
 
   it('refuses a locator change at begin and keeps the saved one', async () => {
-    const saved = (await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
-    const refused = await h.runner.beginTurn({ groupId, memberId: 'codex', locator: '00000000-0000-4000-8000-000000000000' }).then(() => undefined, (e: unknown) => e);
-    expect(refused).toBeInstanceOf(RunnerError);
-    expect((refused as RunnerError).reason).toBe('locator_mismatch');
-    expect((await h.runner.getGroupState({ groupId })).group?.members[0]).toMatchObject({ savedLocator: saved, turnInFlightId: '' });
+    await h.expectLocatorChangeRefusedAtBegin(groupId, 'codex');
   });
 
   it('refuses a locator change at the end of an ended-failed turn, keeps the saved one, and the next turn carries none of it', async () => {

@@ -6,7 +6,7 @@ import { expect } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
-import { RunnerClient } from '../../../src/runner-sdk/index.ts';
+import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
 import { ackMarker, startFakeModelApi, type FakeModelApi } from '../../support/fake-model-api.ts';
 import type { SandboxImageSpec } from '../../support/sandbox-image.ts';
@@ -23,6 +23,8 @@ export interface HistoryFleet {
   runtimeOf(hostId: string): DockerRuntime;
   /** Stop the group, start host-b, drain host-a, and wait until the group is STOPPED on host-b. */
   drainToHostB(groupId: string): Promise<void>;
+  /** R-S2/R-S3: a BeginTurn naming another locator is refused `locator_mismatch`; the saved one stays, no turn begins. */
+  expectLocatorChangeRefusedAtBegin(groupId: string, memberId: string): Promise<void>;
   cleanup(): Promise<void>;
 }
 
@@ -64,6 +66,15 @@ export async function startHistoryFleet(image: SandboxImageSpec): Promise<Histor
           if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
           return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? true : undefined;
         }, 120_000);
+      },
+      async expectLocatorChangeRefusedAtBegin(groupId, memberId) {
+        const member = async () => (await client.getGroupState({ groupId })).group?.members.find((m) => m.memberId === memberId);
+        const saved = (await member())?.savedLocator;
+        expect(saved).toBeTruthy();
+        const refused = await client.beginTurn({ groupId, memberId, locator: '00000000-0000-4000-8000-000000000000' }).then(() => undefined, (e: unknown) => e);
+        expect(refused).toBeInstanceOf(RunnerError);
+        expect((refused as RunnerError).reason).toBe('locator_mismatch');
+        expect(await member()).toMatchObject({ savedLocator: saved, turnInFlightId: '' });
       },
       cleanup,
     };
