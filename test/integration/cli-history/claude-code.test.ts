@@ -99,14 +99,7 @@ describe(`pinned Claude Code ${CLAUDE_CODE_VERSION} against a loopback model API
   });
 
   it('after a drain moves the writable layer to another host, the resumed CLI there sends the same history under the same session id', async () => {
-    const locator = (await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
-    await h.drainToHostB(groupId);
-    const t4 = await turn('MARK-FOUR');
-    expect(t4.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator });
-    expect(t4.evidence.observedLocator).toBe(locator);
-    expect(history(promptRequest(t4.requests, 'MARK-FOUR'))).toEqual([
-      'user:MARK-ONE', 'assistant:MARK-ONE', 'user:MARK-TWO', 'assistant:MARK-TWO', 'user:MARK-THREE', 'assistant:MARK-THREE', 'user:MARK-FOUR',
-    ]);
+    await h.expectSameSessionAfterDrain(groupId, turn, (t) => t.evidence.observedLocator, (t) => history(promptRequest(t.requests, 'MARK-FOUR')));
   });
 
   it('a failed model call the CLI retries ends the turn at api_retry, keeps the session, and the next turn carries no duplicates', async () => {

@@ -120,14 +120,7 @@ describe(`pinned Codex ${CODEX_VERSION} against a loopback model API`, () => {
   });
 
   it('after a drain moves the writable layer to another host, the resumed Codex there sends the same history under the same thread id', async () => {
-    const locator = (await h.runner.getGroupState({ groupId })).group?.members[0]?.savedLocator;
-    await h.drainToHostB(groupId);
-    const t4 = await turn('MARK-FOUR');
-    expect(t4.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator });
-    expect(t4.threadId).toBe(locator);
-    expect(sentHistory(t4.requests, 'MARK-FOUR')).toEqual([
-      'user:MARK-ONE', 'assistant:MARK-ONE', 'user:MARK-TWO', 'assistant:MARK-TWO', 'user:MARK-THREE', 'assistant:MARK-THREE', 'user:MARK-FOUR',
-    ]);
+    await h.expectSameSessionAfterDrain(groupId, turn, (t) => t.threadId, (t) => sentHistory(t.requests, 'MARK-FOUR'));
   });
 
   it('a failed model call Codex retries internally completes the turn, and the natively resumed next turn carries no duplicates', async () => {

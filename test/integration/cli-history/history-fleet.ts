@@ -6,6 +6,8 @@ import { expect } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
+import { ContextState } from '../../../src/gen/sandboxfleet/v1/common.ts';
+import type { BeginTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
 import { ackMarker, startFakeModelApi, type FakeModelApi } from '../../support/fake-model-api.ts';
@@ -23,6 +25,12 @@ export interface HistoryFleet {
   runtimeOf(hostId: string): DockerRuntime;
   /** Stop the group, start host-b, drain host-a, and wait until the group is STOPPED on host-b. */
   drainToHostB(groupId: string): Promise<void>;
+  /**
+   * The migration case every CLI shares (R-G3, R-G5): drain the group to host-b, run `turn('MARK-FOUR')`
+   * there, and expect RESTORED on host-b under the saved locator, the CLI reporting that same session
+   * (`observed`), and the model API receiving the first three turns' history once, in order (`sent`).
+   */
+  expectSameSessionAfterDrain<T extends { readonly begun: BeginTurnResponse }>(groupId: string, turn: (marker: string) => Promise<T>, observed: (t: T) => string | undefined, sent: (t: T) => string[]): Promise<void>;
   /** R-S2/R-S3: a BeginTurn naming another locator is refused `locator_mismatch`; the saved one stays, no turn begins. */
   expectLocatorChangeRefusedAtBegin(groupId: string, memberId: string): Promise<void>;
   cleanup(): Promise<void>;
@@ -50,7 +58,7 @@ export async function startHistoryFleet(image: SandboxImageSpec): Promise<Histor
     server = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
     const client = new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key }, deadlineMs: 120_000 });
     runner = client;
-    return {
+    const h: HistoryFleet = {
       fleet: f,
       plane,
       runner: client,
@@ -67,6 +75,14 @@ export async function startHistoryFleet(image: SandboxImageSpec): Promise<Histor
           return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? true : undefined;
         }, 120_000);
       },
+      async expectSameSessionAfterDrain(groupId, turn, observed, sent) {
+        const locator = (await client.getGroupState({ groupId })).group?.members[0]?.savedLocator;
+        await h.drainToHostB(groupId);
+        const t = await turn('MARK-FOUR');
+        expect(t.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator });
+        expect(observed(t)).toBe(locator);
+        expect(sent(t)).toEqual(['user:MARK-ONE', 'assistant:MARK-ONE', 'user:MARK-TWO', 'assistant:MARK-TWO', 'user:MARK-THREE', 'assistant:MARK-THREE', 'user:MARK-FOUR']);
+      },
       async expectLocatorChangeRefusedAtBegin(groupId, memberId) {
         const member = async () => (await client.getGroupState({ groupId })).group?.members.find((m) => m.memberId === memberId);
         const saved = (await member())?.savedLocator;
@@ -78,6 +94,7 @@ export async function startHistoryFleet(image: SandboxImageSpec): Promise<Histor
       },
       cleanup,
     };
+    return h;
   } catch (err) {
     await cleanup();
     throw err;
