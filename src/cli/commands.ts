@@ -1,6 +1,6 @@
 // The `sandboxctl` / `kubectl sandbox` command tree (R-I7, R-H7): hosts, groups, checkpoints,
 // drain, remove, migrate, destroy, verify, events; nats-permissions (offline); preflight (a model
-// gateway, not the control plane: SPEC §7.3). Each fleet command is one AdminService call (events:
+// gateway, not the control plane: R-P3). Each fleet command is one AdminService call (events:
 // one server stream) printed as a table, JSON or YAML. Exit codes: 0 success, 1 a failed call or
 // a failed verification (any mismatch), 2 a usage error. Mutating commands send a fresh
 // idempotency key unless --idempotency-key repeats one (R-I1), so a retry after a timeout is safe.
@@ -183,7 +183,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
   const key = (cmd: Command) => (cmd.opts<{ idempotencyKey?: string }>().idempotencyKey ?? `sandboxctl-${randomUUID()}`);
 
   program.command('hosts')
-    .description('list hosts with state, epoch, heartbeat age, lease and attestation (R-H1..R-H4)')
+    .description('list hosts with state, epoch, heartbeat age, lease and attestation')
     .argument('[host]', 'show one host in detail')
     .option('--state <state>', 'only hosts in this state (ready, draining, unattested, ...)', parseHostStateFilter)
     .action(async (host: string | undefined, opts: { state?: HostState }, cmd: Command) => withClient(cmd, async (client, g, t) => {
@@ -216,7 +216,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('groups')
-    .description('list sandbox groups (R-G1)')
+    .description('list sandbox groups')
     .argument('[group]', 'show one group with its members')
     .option('--host <host>', 'only groups placed on this host')
     .option('--state <state>', 'only groups in this state (running, stopped, lost, ...)', parseGroupStateFilter)
@@ -243,7 +243,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('checkpoints')
-    .description('list checkpoints and whether each could be used now (R-G3, R-G4, R-G7)')
+    .description('list checkpoints and whether each could be used now')
     .option('--group <group>', 'only checkpoints of this group')
     .action(async (opts: { group?: string }, cmd: Command) => withClient(cmd, async (client, g, t) => {
       const checkpoints: CheckpointInfo[] = [];
@@ -258,7 +258,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('drain')
-    .description('stop, checkpoint and move every group off a host, then keep it out of placement (R-H5)')
+    .description('stop, checkpoint and move every group off a host, then keep it out of placement')
     .argument('<host>')
     .option('--reason <text>', 'why, for the event log', '')
     .option('--idempotency-key <key>', 'repeat a previous call safely')
@@ -268,9 +268,9 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('remove')
-    .description('drain a host, then remove it (its epoch is revoked) (R-H5, R-H6)')
+    .description('drain a host, then remove it (its epoch is revoked)')
     .argument('<host>')
-    .option('--force', 'skip the drain: groups on the host are handled as unplanned loss (R-G6)')
+    .option('--force', 'skip the drain: groups on the host are handled as unplanned loss (restored from a checkpoint elsewhere, or LOST)')
     .option('--reason <text>', 'why, for the event log', '')
     .option('--idempotency-key <key>', 'repeat a previous call safely')
     .action(async (host: string, opts: { force?: boolean; reason: string }, cmd: Command) => withClient(cmd, async (client, g, t) => {
@@ -279,7 +279,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('migrate')
-    .description('move a cleanly stopped group to another host via a checkpoint (R-G3..R-G5)')
+    .description('move a cleanly stopped group to another host via a checkpoint')
     .argument('<group>')
     .option('--to <host>', 'target host (default: placement chooses a READY host)')
     .option('--idempotency-key <key>', 'repeat a previous call safely')
@@ -292,7 +292,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('destroy')
-    .description('destroy a group: containers removed, checkpoints garbage-collected (R-G1, R-G7)')
+    .description('destroy a group: containers removed, checkpoints garbage-collected')
     .argument('<group>')
     .option('--idempotency-key <key>', 'repeat a previous call safely')
     .action(async (group: string, _opts: unknown, cmd: Command) => withClient(cmd, async (client, g, t) => {
@@ -301,7 +301,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('verify')
-    .description('deployment verification (R-H7): SHAs vs expected, reverse probe, heartbeat age; exits 1 on any mismatch')
+    .description('deployment verification: SHAs vs expected, reverse probe, heartbeat age; exits 1 on any mismatch')
     .argument('[hosts...]', 'hosts to verify (default: every host not REMOVED)')
     .option('--probe-timeout <ms>', 'reverse probe timeout per host', parseNonNegativeInt, 5_000)
     .action(async (hosts: string[], opts: { probeTimeout: number }, cmd: Command) => withClient(cmd, async (client, g, t) => {
@@ -325,7 +325,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     }));
 
   program.command('nats-permissions')
-    .description("a host's NATS publish/subscribe allow-lists for its own credentials (R-I2, R-R5); offline, no server needed")
+    .description("a host's NATS publish/subscribe allow-lists for its own credentials; offline, no server needed")
     .argument('<host>', 'host id (the Kubernetes node name in-cluster)')
     .option('--nkey <public-key>', "the host user's nkey public key (U…) for the nats-server user entry")
     .option('--nsc', 'print `nsc edit user` flags for an operator-mode (JWT) user instead')
@@ -363,8 +363,8 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     });
 
   program.command('preflight')
-    .summary('model-context preflight against an Anthropic Messages gateway (SPEC §7.3); exits 1 unless every call passed')
-    .description('optional model-context preflight (SPEC §7.3) against an Anthropic Messages-compatible gateway, not the control plane: '
+    .summary('model-context preflight against an Anthropic Messages gateway; exits 1 unless every call passed')
+    .description('optional pre-release model-context preflight against an Anthropic Messages-compatible gateway, not the control plane: '
       + '5 case kinds (greeting, repeated_question, task, fact_update, no_history) × --repetitions streamed calls; reports recall_passed and '
       + `thinking_observed; exits 0 only if every call passed. --timeout is the deadline of each call (default ${LIMITS.timeoutMs.default} ms here)`)
     .requiredOption('--gateway <url>', 'gateway base URL, http(s), no credentials or query; calls POST <url>/v1/messages')
@@ -404,7 +404,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     });
 
   program.command('events')
-    .description('the audit log, oldest first (R-R1); -f keeps following')
+    .description('the audit log, oldest first; -f keeps following')
     .option('-f, --follow', 'keep streaming new events')
     .option('--from <seq>', 'first sequence number', parseNonNegativeInt, 0)
     .option('--subject <kind/id>', 'only events about one subject, e.g. group/g-1234 or host/host-a')

@@ -1,4 +1,4 @@
-// The pure half of `sandboxctl preflight` (SPEC §7.3): the case definitions, the SSE parsing of an
+// The pure half of `sandboxctl preflight` (R-P3): the case definitions, the SSE parsing of an
 // Anthropic Messages stream into a result, and the verdict rules. No I/O, no clock, no randomness
 // of its own (random bytes and timings are passed in), so every rule is unit-tested without a
 // network; the HTTP driver is src/cli/preflight.ts.

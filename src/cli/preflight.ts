@@ -1,4 +1,4 @@
-// The I/O half of `sandboxctl preflight` (SPEC §7.3): reads the gateway key from a file, calls
+// The I/O half of `sandboxctl preflight` (R-P3): reads the gateway key from a file, calls
 // `POST <gateway>/v1/messages` (stream: true) once per case with Node's built-in fetch, and feeds the
 // SSE body to the pure reader and verdict rules of ./preflight-cases.ts.
 //

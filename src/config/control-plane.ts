@@ -45,7 +45,7 @@ export const ControlPlaneConfigSchema = z.object({
   allowedAgentShas: csv.default([]),
   /** Sandbox image digests (`sha256:…`) hosts may run. Empty: no host becomes READY. */
   allowedImageDigests: csv.default([]),
-  /** Writable-layer capture reads overlay upper dirs (FACTS: overlay2). */
+  /** Writable-layer capture reads overlay upper dirs (overlay2; docs/measured-facts.md). */
   allowedStorageDrivers: csv.default(['overlay2']),
 
   // ---- heartbeats and liveness (R-H3) ----

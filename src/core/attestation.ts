@@ -24,7 +24,7 @@ export interface AttestationPolicy {
   /** The control plane's own API/proto SHA: agents must be built against exactly this. */
   readonly apiSha: string;
   readonly allowedImageDigests: ReadonlySet<string>;
-  /** Writable-layer capture relies on overlay upper dirs (FACTS: overlay2). */
+  /** Writable-layer capture relies on overlay upper dirs (overlay2; docs/measured-facts.md). */
   readonly allowedStorageDrivers: ReadonlySet<string>;
 }
 

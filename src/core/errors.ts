@@ -1,6 +1,6 @@
 // Typed domain errors with a stable, machine-readable `reason`.
 // Why: callers (runner, CLI, alerts, tests) branch on `reason`, never on message text, and the api
-// layer maps each error *category* to one gRPC status in a single table (SPEC R-I1). Core only names
+// layer maps each error *category* to one gRPC status in a single table (R-I1). Core only names
 // the status it means (`status`), it does not import gRPC.
 
 /** Reasons of bad input (R-R4): the request can never succeed as sent. */

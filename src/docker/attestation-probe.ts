@@ -12,7 +12,7 @@ export const LIVE_BRIDGE_HELPER = '/usr/local/bin/live-bridge';
 /** The label value: a bare version number. */
 const VERSION_RE = /^[0-9]{1,9}$/;
 /**
- * The helper's `--version` line: `http-agent-live-bridge=4` (the form SPEC R-H2 and the proto
+ * The helper's `--version` line: `http-agent-live-bridge=4` (the form R-H2 and the proto
  * describe) or a bare `4`. Nothing else: no second line, no other text, no surrounding spaces.
  */
 const HELPER_LINE_RE = new RegExp(`^(?:${LIVE_BRIDGE_LABEL}=)?([0-9]{1,9})$`);

@@ -17,7 +17,7 @@ export class AgentMetrics {
     this.commandDuration = new Histogram({ name: 'sandboxfleet_agent_command_duration_seconds', help: 'Agent command execution time', labelNames: ['command'], buckets: [0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
     this.heartbeats = new Counter({ name: 'sandboxfleet_agent_heartbeats_total', help: 'Heartbeats published, by result', labelNames: ['result'], registers });
     this.registrations = new Counter({ name: 'sandboxfleet_agent_registrations_total', help: 'Registration attempts, by result', labelNames: ['result'], registers });
-    this.notices = new Counter({ name: 'sandboxfleet_agent_reclaim_notices_total', help: 'Reclaim notices published (R-H5), by source', labelNames: ['source'], registers });
+    this.notices = new Counter({ name: 'sandboxfleet_agent_reclaim_notices_total', help: 'Reclaim notices (spot/preemption) published, by source', labelNames: ['source'], registers });
   }
 
   fenced(reason: string): void {

@@ -1,4 +1,4 @@
-// The metric catalogue of SPEC R-I3, in one place so names, units and labels stay consistent.
+// The metric catalogue of R-I3, in one place so names, units and labels stay consistent.
 // Each process builds one FleetMetrics on its own prom-client Registry (never the global one),
 // so tests and several in-process components do not collide. No per-sandbox ids as labels.
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
@@ -64,13 +64,13 @@ export class FleetMetrics {
     this.checkpointBytes = new Counter({ name: 'sandboxfleet_checkpoint_bytes_total', help: 'Checkpoint bytes, by kind (layer = logical, stored = new chunk bytes written)', labelNames: ['kind'], registers });
     this.checkpointDuration = new Histogram({ name: 'sandboxfleet_checkpoint_duration_seconds', help: 'Checkpoint and restore phase durations', labelNames: ['phase'], buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
     this.checkpointAge = new Gauge({ name: 'sandboxfleet_checkpoint_oldest_age_seconds', help: 'Among clean-stopped groups, the oldest age of the checkpoint a host loss would restore from (0: none)', registers });
-    this.checkpointMaxAge = new Gauge({ name: 'sandboxfleet_checkpoint_max_age_seconds', help: 'Configured maximum checkpoint age: older checkpoints are never restored from (R-G4)', registers });
+    this.checkpointMaxAge = new Gauge({ name: 'sandboxfleet_checkpoint_max_age_seconds', help: 'Configured maximum checkpoint age: older checkpoints are never restored from', registers });
     this.groupsWithoutCheckpoint = new Gauge({ name: 'sandboxfleet_stopped_groups_without_checkpoint', help: 'Clean-stopped groups with no checkpoint of their current state (LOST no_checkpoint if their host dies)', registers });
     this.migrations = new Counter({ name: 'sandboxfleet_migrations_total', help: 'Group migrations, by result', labelNames: ['result'], registers });
     this.migrationDuration = new Histogram({ name: 'sandboxfleet_migration_duration_seconds', help: 'Group migration duration', labelNames: ['result'], buckets: [0.5, 1, 2.5, 5, 10, 30, 60, 120, 300], registers });
     this.locatorMismatches = new Counter({ name: 'sandboxfleet_locator_mismatches_total', help: 'Locator mismatches refused, by phase (begin/end)', labelNames: ['phase'], registers });
-    this.slotReclaims = new Counter({ name: 'sandboxfleet_member_slot_reclaims_total', help: 'Member containers restarted before a RESTORED turn to end a process whose exit was not confirmed (R-S6)', labelNames: ['outcome'], registers });
-    this.checkpointRefreshes = new Counter({ name: 'sandboxfleet_checkpoint_refreshes_total', help: 'Checkpoints retaken for groups that stayed cleanly stopped, before they age past the maximum (R-G4), by result', labelNames: ['result'], registers });
+    this.slotReclaims = new Counter({ name: 'sandboxfleet_member_slot_reclaims_total', help: 'Member containers restarted before a RESTORED turn to end a process whose exit was not confirmed', labelNames: ['outcome'], registers });
+    this.checkpointRefreshes = new Counter({ name: 'sandboxfleet_checkpoint_refreshes_total', help: 'Checkpoints retaken for groups that stayed cleanly stopped, before they age past the maximum, by result', labelNames: ['result'], registers });
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
     this.gcPasses = new Counter({ name: 'sandboxfleet_checkpoint_gc_passes_total', help: 'Checkpoint GC passes, by result (swept, deferred while a checkpoint was in progress, idle)', labelNames: ['result'], registers });
     this.gcDeleted = new Counter({ name: 'sandboxfleet_checkpoint_gc_deleted_total', help: 'Checkpoints and chunks deleted by checkpoint GC', labelNames: ['kind'], registers });

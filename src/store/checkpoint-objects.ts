@@ -1,9 +1,9 @@
-// The checkpoint Object Store (SPEC §1 "State": Object Store for checkpoint blobs): named,
+// The checkpoint Object Store (R-A3: checkpoint data kept in JetStream): named,
 // digest-verified objects, e.g. checkpoint manifests. Objects are write-once by default (a put
 // to an existing name is a CAS conflict) because a checkpoint must never change under a reader
 // (R-R2); reads verify the SHA-256 recorded at write time and fail with object_corrupt
 // otherwise. Sizes are bounded (R-R4). Bulk layer data goes to the faster chunk store
-// (chunk-store.ts), which FACTS.md measured at ~4× the Object Store API's throughput.
+// (chunk-store.ts), which docs/measured-facts.md puts at ~4× the Object Store API's throughput.
 import { Objm, type ObjectInfo, type ObjectStore } from '@nats-io/obj';
 import type { JetStreamClient } from '@nats-io/jetstream';
 import { CasConflictError, InvalidKeyError, ObjectCorruptError, ObjectNotFoundError, RecordTooLargeError, translateReadError, translateWriteError } from './errors.ts';

@@ -1,4 +1,4 @@
-// The append-only audit/event log (SPEC §1 "State", R-R1: LOST is never silent, R-I7 `sandboxctl
+// The append-only audit/event log (R-A3, R-R1: LOST is never silent, R-I7 `sandboxctl
 // events [-f]`): one JetStream stream, subjects sf.events.<subjectKind>.<subjectId>. The stream
 // sequence is the total order of events. Appends are deduplicated by event id through
 // Nats-Msg-Id within the stream's duplicate window, so a retried append (e.g. after an

@@ -1,6 +1,6 @@
 // Typed, validated, compare-and-set access to one JetStream KV bucket. Every write names the
 // revision it was computed from (create = "absent"), so two control-plane replicas or a stale
-// leader can never overwrite each other silently (R-R2, SPEC §1 "every state write is CAS").
+// leader can never overwrite each other silently (R-R2, R-A1: every state write is compare-and-set).
 // Values are zod-validated and size-bounded on write and re-validated on read (R-R4).
 import { setTimeout as sleep } from 'node:timers/promises';
 import { KvWatchInclude, type KV, type KvEntry } from '@nats-io/kv';

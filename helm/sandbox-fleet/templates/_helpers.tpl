@@ -136,7 +136,7 @@ A pinned sandbox image id the policy refuses would leave every chart-managed hos
 {{- $a := .Values.attestation -}}
 {{- if not $a.allowEmptyPolicy -}}
 {{- if not $a.allowedImageDigests -}}
-{{- fail "attestation.allowedImageDigests is empty, so no host could ever become READY (R-H2): list the sandbox image id(s) hosts may run (sha256:..., the Id of `docker image inspect IMAGE`), or set attestation.allowEmptyPolicy=true to install with every host UNATTESTED" -}}
+{{- fail "attestation.allowedImageDigests is empty, so no host could ever become READY and take work: list the sandbox image id(s) hosts may run (sha256:..., the Id of `docker image inspect IMAGE`), or set attestation.allowEmptyPolicy=true to install with every host UNATTESTED" -}}
 {{- end -}}
 {{- if not $a.allowedAgentShas -}}
 {{- fail "attestation.allowedAgentShas is empty: list the exact git SHA(s) of the host-agent builds allowed to register (the agent image's org.opencontainers.image.revision label / SANDBOXFLEET_BUILD_SHA), or set attestation.allowEmptyPolicy=true" -}}
