@@ -5,10 +5,7 @@
 // a loopback address; anything else refuses to start. Messages are size-bounded, keepalive is
 // bounded both ways, and every call passes through call-handler.ts (deadlines, auth, logs, metrics).
 import * as grpc from '@grpc/grpc-js';
-import * as protoLoader from '@grpc/proto-loader';
-import { ReflectionService } from '@grpc/reflection';
-import { HealthImplementation, protoPath as healthProtoPath } from 'grpc-health-check';
-import { fileURLToPath } from 'node:url';
+import { HealthImplementation } from 'grpc-health-check';
 import type { Registry } from 'prom-client';
 import type { RunnerBackend } from '../core/runner-port.ts';
 import { AdminServiceService } from '../gen/sandboxfleet/v1/admin.ts';
@@ -42,6 +39,8 @@ import {
 } from './mapping.ts';
 import { ApiMetrics } from './metrics.ts';
 import { identityFromCertificate, LOCAL_DEV_IDENTITY, type PeerRole, type RoleCas } from './peer-identity.ts';
+import { addReflectionService } from './reflection.ts';
+import { compiledDescriptors } from './reflection-descriptors.ts';
 
 export const RUNNER_SERVICE_NAME = 'sandboxfleet.v1.RunnerService';
 export const ADMIN_SERVICE_NAME = 'sandboxfleet.v1.AdminService';
@@ -127,19 +126,6 @@ export function isLoopbackHost(host: string): boolean {
   return host === 'localhost' || host === '::1' || /^127(?:\.\d{1,3}){3}$/.test(host);
 }
 
-/** Loads proto/ as a proto-loader package definition: what server reflection describes. */
-export function loadReflectionPackage(): protoLoader.PackageDefinition {
-  const protoRoot = fileURLToPath(new URL('../../proto', import.meta.url));
-  return protoLoader.loadSync(['sandboxfleet/v1/runner.proto', 'sandboxfleet/v1/admin.proto', healthProtoPath], {
-    includeDirs: [protoRoot],
-    keepCase: true,
-    longs: Number,
-    enums: String,
-    defaults: false,
-    oneofs: true,
-  });
-}
-
 export class ApiServer {
   readonly port: number;
   readonly address: string;
@@ -186,7 +172,8 @@ export class ApiServer {
     }
     const health = new HealthImplementation(Object.fromEntries(services.map((s) => [s, 'SERVING'])));
     health.addToServer(server);
-    new ReflectionService(loadReflectionPackage(), { services: [...services.filter((s) => s !== ''), 'grpc.health.v1.Health'] }).addToServer(server);
+    // Reflection serves the descriptors buf compiled, byte for byte (reflection-descriptors.ts).
+    addReflectionService(server, compiledDescriptors(), [...services.filter((s) => s !== ''), 'grpc.health.v1.Health']);
 
     const credentials =
       opts.security.mode === 'mtls'
