@@ -58,6 +58,7 @@ function sh(cmd: string): number {
 }
 
 async function main(): Promise<void> {
+  const loadStart = (await import('node:os')).loadavg();
   const work = await mkdtemp(join(tmpdir(), 'sf-phases-'));
   const nats = await startTestNats();
   const samples: Record<string, number[]> = {};
@@ -123,7 +124,7 @@ async function main(): Promise<void> {
       }
     }
     const med = Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, Number(median(v).toFixed(3))]));
-    console.log(JSON.stringify({ mib: totalMiB, rounds, median_s: med, loadavg: (await import('node:os')).loadavg() }, null, 2));
+    console.log(JSON.stringify({ mib: totalMiB, rounds, median_s: med, load_average_start: loadStart, load_average_end: (await import('node:os')).loadavg() }, null, 2));
   } finally {
     await nats.cleanup();
     await rm(work, { recursive: true, force: true });

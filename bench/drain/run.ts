@@ -1,7 +1,9 @@
 // Control-plane benchmark (issue 4, R-H3, R-H4, R-G3): real nats-server, three real dockerd hosts,
 // real host agents and a real ControlPlane (leader), measured in one run:
 //   1. Drain of host-a holding 20 clean-stopped groups with 10 MiB (incompressible) writable layers
-//      onto host-b and host-c: total time, per-group p50/p99 (drain request → placement switched,
+//      and a Claude Code session file each (written during the turn where the CLI writes it,
+//      test/support/native-session.ts; without it a checkpoint is rightly refused and the group LOST
+//      `session_files_missing`) onto host-b and host-c: total time, per-group p50/p99 (drain request → placement switched,
 //      i.e. the group's `group_migration_completed` event), bytes moved (sum of the restored
 //      checkpoints' layer bytes), against the raw limit measured in the same run: GNU tar of the
 //      same 20 upper dirs piped to `openssl dgst -sha256`.
@@ -13,13 +15,15 @@
 //      bounds, CAS write of the heartbeat record to real NATS KV, lease renewal check — in this
 //      process, on its own nats-server; process.cpuUsage() of this process, and the nats-server's
 //      CPU from /proc, per heartbeat. Also the pure part (decode + fence + inventory mapping +
-//      renewal rule) alone, and placement decisions over 10,000 READY hosts.
-// Writes bench/results/drain.json.
+//      renewal rule) alone, and placement decisions over the same simulated READY hosts.
+// After the drain, every moved group's restored layer on its target must hold its session file.
+// Writes bench/results/drain.json (a --smoke run: 2 groups × 1 MiB, 20 simulated hosts, 1 kill,
+// written to --out or a temp dir; see bench/common.ts).
 //
-//   node --import tsx bench/drain/run.ts [--groups 20] [--mib 10] [--sim-hosts 10000] [--kills 3]
+//   node --import tsx bench/drain/run.ts [--groups 20] [--mib 10] [--sim-hosts 10000] [--kills 3] [--smoke] [--out DIR]
 import { spawnSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { randomBytes, randomUUID } from 'node:crypto';
+import { access, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -42,15 +46,22 @@ import { StateStore } from '../../src/store/connection.ts';
 import { TEST_AGENT_SHA, spawnAgent, startAgent, type ChildAgent, type InProcessAgent } from '../../test/support/agent.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
 import { startTestNats, type TestNats } from '../../test/support/nats.ts';
+import { nativeSessionPath, writeNativeSession } from '../../test/support/native-session.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../test/support/sandbox-image.ts';
+import { BENCH_OPTIONS, startBench, writeResult } from '../common.ts';
 
 const { values } = parseArgs({ options: {
-  groups: { type: 'string', default: '20' }, mib: { type: 'string', default: '10' }, 'sim-hosts': { type: 'string', default: '10000' }, kills: { type: 'string', default: '3' },
+  groups: { type: 'string' }, mib: { type: 'string' }, 'sim-hosts': { type: 'string' }, kills: { type: 'string' }, ...BENCH_OPTIONS,
 } });
-const GROUPS = Number(values.groups);
-const LAYER_MIB = Number(values.mib);
-const SIM_HOSTS = Number(values['sim-hosts']);
-const KILLS = Number(values.kills);
+const run = startBench('drain', values);
+/** A flag's value, else the smoke or full default. */
+const sized = (flag: string | undefined, full: number, smoke: number): number => Number(flag ?? (run.smoke ? smoke : full));
+const GROUPS = sized(values.groups, 20, 2);
+const LAYER_MIB = sized(values.mib, 10, 1);
+const SIM_HOSTS = sized(values['sim-hosts'], 10_000, 20);
+const KILLS = sized(values.kills, 3, 1);
+/** The member's CLI: its session layout is enforced, so a missing session file would make the group LOST. */
+const CLI = 'claude_code';
 const MiB = 1024 * 1024;
 
 /** Liveness settings of this run (stated in the JSON): short so the bench finishes in minutes. */
@@ -171,7 +182,7 @@ async function heartbeatCost() {
     }
     const pureCpu = process.cpuUsage(cpu0);
     const pureMs = (pureCpu.user + pureCpu.system) / 1000 / (frames.length * 5);
-    // Placement over 10,000 READY hosts (the pure decision; the caller's host listing is separate).
+    // Placement over the simulated READY hosts (the pure decision; the caller's host listing is separate).
     const candidates: HostCandidate[] = ids.map((hostId, i) => ({ hostId, lifecycle: { state: 'READY', epoch: 1 }, maxMembers: 16, usedMembers: i % 16, imageDigest, bridgeVersion: 4 }));
     const p0 = performance.now();
     let placed = 0;
@@ -180,7 +191,7 @@ async function heartbeatCost() {
     await plane.stop().catch(() => undefined);
     return {
       simulated_hosts: ids.length, register_s: registerS, rounds, pure_cpu_ms_per_heartbeat: pureMs, sink,
-      placement_decision_ms_over_10k_hosts: placementMs, placements_per_s: Math.round(1000 / placementMs),
+      placement_decision_ms: placementMs, placements_per_s: Math.round(1000 / placementMs),
     };
   } finally {
     await nats.cleanup();
@@ -189,10 +200,8 @@ async function heartbeatCost() {
 
 // ---- 1 + 2. drain and detection (real fleet) ------------------------------------------------
 
-async function upperDirOf(docker: Docker, groupId: string): Promise<string> {
-  const c = (await docker.listContainers({ all: true })).find((x) => Object.values(x.Labels ?? {}).includes(groupId));
-  if (!c) throw new Error(`no container for ${groupId}`);
-  const info = await docker.getContainer(c.Id).inspect();
+async function upperDirOf(docker: Docker, containerId: string): Promise<string> {
+  const info = await docker.getContainer(containerId).inspect();
   const upper = (info.GraphDriver.Data as Record<string, string> | undefined)?.UpperDir;
   if (!upper) throw new Error('container has no overlay2 upper dir');
   return upper;
@@ -220,32 +229,38 @@ async function fleetRun() {
     const chunks = await ChunkStore.open(nc);
     const config = baseConfig(image);
     plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'bench-cp' });
-    plane.start();
+    await plane.start();
     const groupsRepo = store.shardedRepository('groups', GroupRecordSchema);
-    const hostState = async (id: string) => (await plane!.ctx.repos.hosts.get(Keys.host(id)))?.value;
+    const hostState = async (id: string) => (await plane!.repos.hosts.get(Keys.host(id)))?.value;
     const startOn = async (hostId: string, i: number) => {
       agents.push(await startAgent(await nats!.connect(hostId), { hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: HEARTBEAT_INTERVAL_MS } }));
       await waitFor(`${hostId} READY`, async () => ((await hostState(hostId))?.lifecycle.state === 'READY' ? true : undefined), 60_000);
     };
     await startOn('host-a', 0);
 
-    // 20 groups on host-a, a completed turn each, 10 MiB incompressible data in the writable layer, clean stop.
+    // The groups on host-a: a completed turn each that wrote its Claude Code session file (as the
+    // CLI does, inside the running container) and LAYER_MIB of incompressible data into the
+    // writable layer, then a clean stop.
     let k = 0;
     const key = () => `bench-${++k}`;
     const groupIds: string[] = [];
     const uppers: string[] = [];
+    const locators = new Map<string, string>();
     for (let i = 0; i < GROUPS; i++) {
-      const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: `conv-bench-${i}`, members: [{ memberId: 'm1', cli: 'claude_code' }] });
+      const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: `conv-bench-${i}`, members: [{ memberId: 'm1', cli: CLI }] });
       const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1' });
-      const upper = await upperDirOf(hosts[0]!.docker, group.groupId);
+      const locator = randomUUID(); // Claude Code's session ids are UUIDs
+      await writeNativeSession(hosts[0]!.docker, begun.containerId, CLI, locator);
+      const upper = await upperDirOf(hosts[0]!.docker, begun.containerId);
       await mkdir(join(upper, 'home/agent/work'), { recursive: true });
       await writeFile(join(upper, 'home/agent/work/data.bin'), randomBytes(LAYER_MIB * MiB));
-      await plane.runner.completeTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: `sess-${i}`,
+      await plane.runner.completeTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: locator,
         evidence: { kind: 'result', nativeTurnEnded: true, succeeded: true, cleanupFinished: true, transportUsable: true, locatorUsable: true, processExited: false, exitConfirmed: false } });
       const stopped = await plane.runner.stopGroup({ idempotencyKey: key(), groupId: group.groupId });
       if (!stopped.group.stopClean) throw new Error(`group ${group.groupId} did not stop cleanly`);
       groupIds.push(group.groupId);
       uppers.push(upper);
+      locators.set(group.groupId, locator);
     }
     // The limit, same bytes, same run, before the drain.
     const rawRounds = [rawCopySeconds(uppers), rawCopySeconds(uppers), rawCopySeconds(uppers)];
@@ -283,6 +298,17 @@ async function fleetRun() {
       bytesMoved += cp?.value.totalBytes ?? 0;
     }
     const targets = { 'host-b': final.filter((g) => g.lifecycle.hostId === 'host-b').length, 'host-c': final.filter((g) => g.lifecycle.hostId === 'host-c').length };
+    // Each restored layer holds its conversation: the session file under the saved locator.
+    const targetDocker: Record<string, Docker> = { 'host-b': hosts[1]!.docker, 'host-c': hosts[2]!.docker };
+    let sessionsOnTarget = 0;
+    for (const g of final) {
+      const member = g.members[0]!;
+      const locator = locators.get(g.groupId)!;
+      const docker = targetDocker[g.lifecycle.hostId ?? ''];
+      if (docker === undefined || member.containerId === undefined || member.session.savedLocator !== locator) throw new Error(`group ${g.groupId} moved without its session: ${JSON.stringify({ host: g.lifecycle.hostId, member })}`);
+      await access(join(await upperDirOf(docker, member.containerId), nativeSessionPath(CLI, locator)));
+      sessionsOnTarget++;
+    }
     await waitFor('host-a REMOVED', async () => ((await hostState('host-a'))?.lifecycle.state === 'REMOVED' ? true : undefined), 60_000);
 
     // Detection: a real agent process on host-a's dockerd (now free: host-a's agent is stopped) is SIGKILLed.
@@ -300,7 +326,7 @@ async function fleetRun() {
       child.kill('SIGKILL');
       await child.exited;
       child = undefined;
-      const lastBeat = (await plane.ctx.repos.heartbeats.get(Keys.host('host-k')))?.value;
+      const lastBeat = plane.fleet.heartbeat('host-k');
       const hostEvents = async () => (await store.events.read({ subjectKind: 'host', subjectId: 'host-k', limit: 1000 })).events.map((e) => e.event).filter((e) => e.timeMs >= killedAt);
       // An empty DEAD host may be removed right after: wait for the DEAD event, not the state.
       const evs = await waitFor('host-k DEAD', async () => {
@@ -312,7 +338,7 @@ async function fleetRun() {
       if (!suspect || !dead) throw new Error('missing SUSPECT/DEAD events for host-k');
       detections.push({ suspect_ms: suspect.timeMs - killedAt, dead_ms: dead.timeMs - killedAt, since_last_heartbeat_ms: lastBeat ? killedAt - lastBeat.receivedAtMs : -1 });
     }
-    return { drainStart, drainTotalMs, perGroupMs, stepMs, bytesMoved, rawCopyS, rawRounds, targets, load, detections, migrationParallelism: config.migrationParallelism };
+    return { drainStart, drainTotalMs, perGroupMs, stepMs, bytesMoved, rawCopyS, rawRounds, targets, sessionsOnTarget, load, detections, migrationParallelism: config.migrationParallelism };
   } finally {
     child?.kill('SIGKILL');
     await plane?.stop().catch(() => undefined);
@@ -323,35 +349,34 @@ async function fleetRun() {
 }
 
 async function main(): Promise<void> {
-  const loadBefore = loadavg();
   // The drain first: it is the part most sensitive to other load on the machine.
   const fleet = await fleetRun();
   const hb = await heartbeatCost();
-  const loadAfter = loadavg();
   const suspect = fleet.detections.map((d) => d.suspect_ms);
   const detectionS = median(suspect) / 1000;
   const worstDetectionS = Math.max(...suspect) / 1000;
   const target = (TTL_MS + HEARTBEAT_INTERVAL_MS) / 1000;
   const cpuPerHb = median(hb.rounds.map((r) => r.cpu_ms_per_heartbeat));
   const notes: string[] = [
-    `drain: ${GROUPS} clean-stopped groups × ${LAYER_MIB} MiB incompressible layer, migrationParallelism ${fleet.migrationParallelism}, targets ${JSON.stringify(fleet.targets)}; per-group time = drain request → group_migration_completed event (placement switched by CAS).`,
+    `drain: ${GROUPS} clean-stopped groups × ${LAYER_MIB} MiB incompressible layer + a ${CLI} session file, migrationParallelism ${fleet.migrationParallelism}, targets ${JSON.stringify(fleet.targets)}, session file found in ${fleet.sessionsOnTarget}/${GROUPS} restored layers; per-group time = drain request → group_migration_completed event (placement switched by CAS).`,
     `raw limit: tar of the same ${GROUPS} upper dirs | openssl dgst -sha256, median of 3, same run; it reads and hashes once, while a migration also stores chunks in NATS JetStream, fetches and writes them on the target and creates the containers.`,
     `detection: real agent child process SIGKILLed at a random phase of its heartbeat interval; detection = kill → control plane's host_heartbeat_missed (SUSPECT) event; DEAD follows after dead_grace. Liveness runs each reconcile pass (${RECONCILE_MS} ms), so the bound is TTL + reconcile interval after the last heartbeat, i.e. ≤ TTL + one heartbeat interval after the kill.`,
-    `heartbeats: ${hb.simulated_hosts} synthetic registered hosts (registered through HostRegistry.register), 4 containers each; each heartbeat goes through HostRegistry.heartbeat in-process against real NATS KV (host record read, CAS write of the heartbeat record, renewal check; lease term 10 min so no renewal is due), 64 hosts in flight; cpu_ms_per_heartbeat = this process's process.cpuUsage (user+system) / heartbeats, median of 3 rounds; the nats-server's CPU is reported separately. The pure part (decode, fence, inventory mapping, renewal rule) is pure_cpu_ms_per_heartbeat: the KV round trips dominate.`,
+    `heartbeats: ${hb.simulated_hosts} synthetic registered hosts (registered through HostRegistry.register), 4 containers each; each heartbeat goes through HostRegistry.heartbeat in-process against real NATS KV (host record read, CAS write of the heartbeat record, renewal check; lease term 10 min so no renewal is due), 64 hosts in flight; cpu_ms_per_heartbeat = this process's process.cpuUsage (user+system) / heartbeats, median of 3 rounds; the nats-server's CPU is reported separately. The pure part (decode, fence, inventory mapping, renewal rule) is pure_cpu_ms_per_heartbeat: ${(100 * hb.pure_cpu_ms_per_heartbeat / cpuPerHb).toFixed(1)}% of the total here, the rest is the KV round trips.`,
   ];
-  notes.push(`drain vs raw copy: ${(fleet.drainTotalMs / 1000 / fleet.rawCopyS).toFixed(1)}×. The drain is latency-bound, not byte-bound: ${fleet.migrationParallelism} migrations at a time, each ~${seconds(median(fleet.stepMs))} s (median migration_started → completed) of agent round trips, chunk fetch from JetStream (fsync always), layer write, container create and CAS switch, while the raw limit only streams ${Math.round(fleet.bytesMoved / MiB)} MiB through tar and sha256 once.`);
-  const busiest = Math.max(fleet.load[0] ?? 0, loadBefore[0] ?? 0);
-  if (busiest >= 3) notes.push(`machine not quiet: 1-min load ${busiest.toFixed(2)} on ${cpus().length} cores (other test suites running); timings are inflated accordingly.`);
-  if (worstDetectionS > target) notes.push(`MISSED: worst detection ${worstDetectionS} s > TTL + interval ${target} s (load ${loadAfter.map((l) => l.toFixed(2)).join(' ')}).`);
+  const drainMiBs = fleet.bytesMoved / MiB / (fleet.drainTotalMs / 1000);
+  const rawMiBs = fleet.bytesMoved / MiB / fleet.rawCopyS;
+  notes.push(`drain vs raw copy: ${(fleet.drainTotalMs / 1000 / fleet.rawCopyS).toFixed(1)}× (${drainMiBs.toFixed(1)} vs ${rawMiBs.toFixed(0)} MiB/s over the same ${Math.round(fleet.bytesMoved / MiB)} MiB). ${fleet.migrationParallelism} migrations at a time, each ${seconds(median(fleet.stepMs))} s median (max ${seconds(Math.max(...fleet.stepMs))} s) from migration_started to completed, i.e. ${(fleet.bytesMoved / MiB / GROUPS / (median(fleet.stepMs) / 1000)).toFixed(1)} MiB/s per migration. That step is the restore half (checkpoint verification, chunk fetch from JetStream, layer write and container create on the target, CAS switch); the checkpoint on the source (capture, chunk store with fsync always) comes before it and is in the per-group times. The raw limit is one tar and sha256 pass.`);
+  const busiest = Math.max(fleet.load[0] ?? 0, run.loadAverageStart[0] ?? 0);
+  if (busiest >= cpus().length) notes.push(`machine busy: 1-min load up to ${busiest.toFixed(2)} on ${cpus().length} cores at the start or the drain (the bench's own processes count in it); timings are inflated accordingly.`);
+  notes.push(`detection target (worst kill → SUSPECT <= TTL + interval ${target} s): ${worstDetectionS <= target ? 'MET' : 'MISSED'} (worst ${worstDetectionS} s, median ${detectionS} s over ${KILLS} kill(s)).`);
   const result = {
-    benchmark: 'drain',
     when: new Date().toISOString(),
     machine: { cpus: cpus().length },
-    load_average_before: loadBefore,
     load_average_at_drain: fleet.load,
-    load_average_after: loadAfter,
     groups: GROUPS,
     layer_mib_per_group: LAYER_MIB,
+    member_cli: CLI,
+    sessions_on_target: fleet.sessionsOnTarget,
     drain_total_s: seconds(fleet.drainTotalMs),
     group_p50_s: seconds(median(fleet.perGroupMs)),
     group_p99_s: seconds(percentile(fleet.perGroupMs, 99)),
@@ -363,7 +388,8 @@ async function main(): Promise<void> {
     raw_copy_s: fleet.rawCopyS,
     raw_copy_rounds_s: fleet.rawRounds,
     drain_vs_raw_copy: fleet.drainTotalMs / 1000 / fleet.rawCopyS,
-    drain_throughput_mib_s: fleet.bytesMoved / MiB / (fleet.drainTotalMs / 1000),
+    drain_throughput_mib_s: drainMiBs,
+    raw_copy_mib_s: rawMiBs,
     detection_latency_s: detectionS,
     detection_latency_max_s: worstDetectionS,
     detection_target_s: target,
@@ -380,13 +406,12 @@ async function main(): Promise<void> {
     heartbeat_rounds: hb.rounds,
     simulated_hosts: hb.simulated_hosts,
     simulated_register_s: hb.register_s,
-    placement_decision_ms_over_10k_hosts: hb.placement_decision_ms_over_10k_hosts,
+    placement_decision_ms: hb.placement_decision_ms,
     placements_per_s: hb.placements_per_s,
     notes,
   };
-  await mkdir('bench/results', { recursive: true });
-  await writeFile('bench/results/drain.json', JSON.stringify(result, null, 2) + '\n');
   console.log(JSON.stringify(result, null, 2));
+  await writeResult(run, result);
 }
 
 main().then(() => process.exit(0), (err: unknown) => {
