@@ -1,5 +1,7 @@
-// Two projects: `unit` (pure, fast, no services) and `integration` (real nats-server, dockerd,
-// helm, promtool). Integration files run one at a time: they start real daemons on a 2-core box.
+// Three projects: `unit` (pure, fast, no services), `seam` (the API server bound to a named seam
+// backend: in-memory store, simulated host; real sockets but no real services, so not
+// "integration") and `integration` (real nats-server, dockerd, helm, promtool). Integration files
+// run one at a time: they start real daemons on a 2-core box.
 import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
@@ -7,6 +9,7 @@ export default defineConfig({
     reporters: ['default'],
     projects: [
       { test: { name: 'unit', include: ['test/unit/**/*.test.ts'], testTimeout: 60_000 } },
+      { test: { name: 'seam', include: ['test/seam/**/*.test.ts'], testTimeout: 120_000 } },
       {
         test: {
           name: 'integration',

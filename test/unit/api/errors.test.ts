@@ -9,6 +9,7 @@ import { API_DOMAIN, ApiError, ERROR_DETAIL_TYPE_URL, STATUS_CODES, STATUS_DETAI
 import { Conflict, Fenced, IdentityRefused, InvalidArgument, NoCapacity, NotFound, PreconditionFailed, Unavailable, type StatusName } from '../../../src/core/errors.ts';
 import { RpcStatus } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import { errorDetailOf, toRunnerError } from '../../../src/runner-sdk/client.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 describe('status table', () => {
   it('maps every StatusName to its gRPC code', () => {
@@ -122,7 +123,7 @@ describe('ErrorDetail in grpc-status-details-bin', () => {
         md.set(STATUS_DETAILS_KEY, statusDetailsBin(mapped));
         expect(readErrorDetail(md)).toEqual(mapped.detail);
       }),
-      { numRuns: 200 },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 

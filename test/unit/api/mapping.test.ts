@@ -23,6 +23,7 @@ import { InvalidArgument } from '../../../src/core/errors.ts';
 import { CliKind, ContextState, GroupState, MemberState, TurnEndKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { BeginTurnRequest, CompleteTurnRequest, OpenGroupRequest, StopGroupRequest, TurnEndEvidence } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { successEvidence } from '../../support/evidence.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 const EVIDENCE: TurnEndEvidence = successEvidence();
 
@@ -236,7 +237,7 @@ describe('fuzzed requests', () => {
           }
         }
       }),
-      { numRuns: 300 },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 });

@@ -5,6 +5,7 @@ import fc from 'fast-check';
 import type { PeerCertificate } from 'node:tls';
 import { describe, expect, it } from 'vitest';
 import { LOCAL_DEV_IDENTITY, PEER_ROLES, SPIFFE_PREFIX, identityFromCertificate } from '../../../src/api/peer-identity.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 /** Only the fields the parser reads; the rest of PeerCertificate is irrelevant here. */
 function cert(fields: { CN?: string | string[]; OU?: string | string[]; san?: string }): PeerCertificate {
@@ -90,7 +91,7 @@ describe('name and absent certificates', () => {
         expect(identity.localDev).toBe(false);
         if (identity.role !== undefined) expect(PEER_ROLES).toContain(identity.role);
       }),
-      { numRuns: 500 },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 });

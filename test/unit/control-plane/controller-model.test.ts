@@ -24,6 +24,7 @@ import { decideEvacuationStep } from '../../../src/control-plane/evacuation-poli
 import { evacuationFor } from '../../../src/control-plane/migration-controller.ts';
 import { chooseHost, type HostCandidate } from '../../../src/control-plane/placement.ts';
 import type { Evacuation, HostRecord } from '../../../src/control-plane/records.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 const HOSTS = ['h0', 'h1', 'h2', 'h3'];
 const DIGEST = `sha256:${'a'.repeat(64)}`;
@@ -250,7 +251,7 @@ describe('migration controller decisions (model-based)', () => {
           }
         }
       }),
-      { numRuns: 1000 },
+      { numRuns: PROPERTY_RUNS },
     );
     for (const label of ['migration_completed', 'migration_aborted', 'lost:unclean_stop', 'lost:host_lost_running', 'lost:checkpoint_corrupt', 'lost:restore_failed']) {
       expect(seen.get(label) ?? 0, label).toBeGreaterThan(0);

@@ -5,6 +5,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { shouldDrain } from '../../../src/core/index.ts';
 import { MAX_FIXED_TERM_MS, leasePolicyFor, leaseTermEnd, renewalFor } from '../../../src/control-plane/hosts.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 const T0 = 1_700_000_000_000;
 
@@ -66,6 +67,6 @@ describe('lease policy', () => {
           const floor = p.fixedEndMs === undefined ? now + term / 2 : Math.min(now + term / 2, p.fixedEndMs);
           expect(end).toBeGreaterThanOrEqual(Math.floor(floor));
         }
-      }));
+      }), { numRuns: PROPERTY_RUNS });
   });
 });

@@ -7,8 +7,8 @@ import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { AgentSubjects, hostInboxPrefix, hostPermissions, manifestSubject } from '../../../src/core/agent-subjects.ts';
 import { hostIdArb } from '../../support/host-ids.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 
 function matches(pattern: string, subject: string): boolean {
   const p = pattern.split('.');
@@ -45,7 +45,7 @@ describe('hostPermissions', () => {
         expect(allowed(perms.publish, 'sf.chunk.0123abcd')).toBe(true);
         expect(perms.allowResponses).toBe(true);
       }),
-      { numRuns },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
@@ -58,7 +58,7 @@ describe('hostPermissions', () => {
         for (const s of theirs.publish) expect(allowed(perms.publish, s), `${a} publishing ${s}`).toBe(false);
         for (const s of theirs.subscribe) expect(allowed(perms.subscribe, s), `${a} subscribing ${s}`).toBe(false);
       }),
-      { numRuns },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 

@@ -6,8 +6,8 @@ import {
   transitionGroup, unwrap,
   type CheckpointSummary, type GroupEvent, type GroupLifecycle, type MemberStopEvidence, type RetainedCheckpoint, type StopEvidence,
 } from '../../../src/core/index.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 const IMG = `sha256:${'1'.repeat(64)}`;
 const IMG2 = `sha256:${'2'.repeat(64)}`;
 
@@ -119,7 +119,7 @@ describe('checkpoint usability (R-G4)', () => {
         expect(a.usable).toBe(expectUsable);
         if (!a.usable) expect(a.reasons[0]).toBe(a.reason);
       },
-    ), { numRuns });
+    ), { numRuns: PROPERTY_RUNS });
   });
 });
 
@@ -147,7 +147,7 @@ describe('checkpoint retention (R-G7)', () => {
           expect(kept.length).toBe(Math.min(keepN, valid.length));
         }
       }
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });
 

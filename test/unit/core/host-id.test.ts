@@ -11,8 +11,8 @@ import { eventSubjectToken } from '../../../src/control-plane/events.ts';
 import { Keys } from '../../../src/control-plane/state.ts';
 import { eventFilterSubject } from '../../../src/store/event-log.ts';
 import { hostIdArb, isKubernetesNodeName } from '../../support/host-ids.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 /** A NATS subject token: not empty, no separator, no wildcard, no whitespace. */
 const NATS_TOKEN = /^[^\s.*>]+$/;
 
@@ -76,7 +76,7 @@ describe('host ids are Kubernetes node names (R-H1)', () => {
     fc.assert(fc.property(fc.oneof(hostIdArb, near, fc.string({ maxLength: 260 })), (s) => {
       expect(isHostId(s), s).toBe(isKubernetesNodeName(s));
       expect(manifestAccepts(s), s).toBe(isKubernetesNodeName(s));
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });
 
@@ -101,7 +101,7 @@ describe('every admitted host id maps to NATS and KV one-to-one (R-I2)', () => {
       for (const p of [...perms.publish, ...perms.subscribe]) {
         for (const t of p.split('.')) expect(t === '*' || t === '>' || NATS_TOKEN.test(t), `${p}`).toBe(true);
       }
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 
   it('no two admitted ids share a subject token, an inbox, a KV key or an event subject (property)', () => {
@@ -111,7 +111,7 @@ describe('every admitted host id maps to NATS and KV one-to-one (R-I2)', () => {
       expect(hostInboxPrefix(a)).not.toBe(hostInboxPrefix(b));
       expect(Keys.host(a)).not.toBe(Keys.host(b));
       expect(eventSubjectToken(a)).not.toBe(eventSubjectToken(b));
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 
   it('a host named like another host\'s event digest does not share its audit trail', () => {

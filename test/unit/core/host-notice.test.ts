@@ -4,8 +4,8 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { DOCKER_DATA_LOST_NOTICE, hostEventForNotice, transitionHost } from '../../../src/core/index.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 
 describe('hostEventForNotice (R-H5)', () => {
   it('turns a Docker data loss report into DEAD, not a drain', () => {
@@ -30,6 +30,6 @@ describe('hostEventForNotice (R-H5)', () => {
       const { event, why } = hostEventForNotice(s);
       expect(event.type === 'declared_dead').toBe(s === DOCKER_DATA_LOST_NOTICE);
       expect(why.length).toBeLessThanOrEqual(128);
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });

@@ -6,8 +6,8 @@ import {
   evaluateAttestation, nextEpoch, observeNats, observeTick, parseBridgeVersion, shouldDrain, transitionHost, unwrap,
   type AttestationPolicy, type AttestationReport, type HostEvent, type HostLifecycle, type LivenessConfig,
 } from '../../../src/core/index.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 const SHA_A = 'a'.repeat(40);
 const SHA_API = 'b'.repeat(40);
 const DIGEST = `sha256:${'c'.repeat(64)}`;
@@ -77,7 +77,7 @@ describe('attestation (R-H2)', () => {
         if (h === 3 || parseBridgeVersion(label) === 3) expect(v.verdict).toBe('refused');
         if (v.verdict === 'refused') expect(v.reasons.length).toBeGreaterThan(0);
       },
-    ), { numRuns });
+    ), { numRuns: PROPERTY_RUNS });
   });
 });
 
@@ -140,7 +140,7 @@ describe('host lifecycle', () => {
         if (r.value.state === 'READY') expect(attestedThisEpoch).toBe(true);
         h = r.value;
       }
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });
 
@@ -216,7 +216,7 @@ describe('liveness and the stall guard (R-H3)', () => {
         if (v.verdict === 'dead') expect(now - Math.max(lastHb, trustStart)).toBeGreaterThanOrEqual(cfg.ttlMs + cfg.graceMs);
         expect(decisionsSuspended(g, now, cfg)).toBe(v.verdict === 'suspended');
       }
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });
 
@@ -247,6 +247,6 @@ describe('leases and fencing (R-H4, R-H6)', () => {
       if (me < ce) expect(!r.ok && r.error.reason).toBe('stale_epoch');
       if (me === ce && mg !== undefined && cg !== undefined && mg < cg) expect(!r.ok && r.error.reason).toBe('stale_generation');
       if (!r.ok) expect(r.error.status).toBe('FAILED_PRECONDITION');
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });

@@ -5,8 +5,8 @@ import {
   Conflict, Fenced, IdentityRefused, InvalidArgument, NoCapacity, NotFound, PreconditionFailed, Unavailable,
   ID_RULES, isFleetError, parseDigest, parseGitSha, parseGroupId, parseHostId, parseLocator, parseOptionalLocator, unwrap,
 } from '../../../src/core/index.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 
 describe('ids (R-R4)', () => {
   it('accepts well-formed ids', () => {
@@ -48,7 +48,7 @@ describe('ids (R-R4)', () => {
         expect(s).not.toMatch(/[/\\\s]/);
         expect(s.startsWith('.')).toBe(false);
       }
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 
   it('optional locator: absent is not an error, present must be valid', () => {

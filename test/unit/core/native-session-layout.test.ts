@@ -5,8 +5,8 @@ import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { NATIVE_SESSION_LAYOUTS, isNativeSessionPath } from '../../../src/core/native-session-layout.ts';
 import { CLI_KINDS, type CliKind } from '../../../src/core/turn-end-evidence.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 const segment = fc.stringMatching(/^[A-Za-z0-9_.-]{1,24}$/).filter((s) => s !== '.' && s !== '..');
 const locator = fc.stringMatching(/^[A-Za-z0-9-]{1,40}$/);
 const home = fc.oneof(fc.constant('/root'), segment.map((u) => `/home/${u}`));
@@ -29,14 +29,14 @@ const sessionPath = fc.record({ cli: fc.constantFrom(...CLI_KINDS), loc: locator
 
 describe('native session layouts', () => {
   it('recognise the file each CLI writes for its locator', () => {
-    fc.assert(fc.property(sessionPath, ({ cli, loc, path }) => isNativeSessionPath(cli, loc, path)), { numRuns });
+    fc.assert(fc.property(sessionPath, ({ cli, loc, path }) => isNativeSessionPath(cli, loc, path)), { numRuns: PROPERTY_RUNS });
   });
 
   it('never take another locator’s file, even one that extends or is extended by it', () => {
     fc.assert(fc.property(sessionPath, locator, ({ cli, loc, path }, other) => {
       fc.pre(other !== loc);
       return !isNativeSessionPath(cli, other, path) && !isNativeSessionPath(cli, `${loc}${other}`, path) && !isNativeSessionPath(cli, `x${loc}`, path);
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 
   it('refuse files one level deeper or shallower, outside a home, or of another CLI', () => {
@@ -51,7 +51,7 @@ describe('native session layouts', () => {
         && (NATIVE_SESSION_LAYOUTS[cli].depth === 0 || !isNativeSessionPath(cli, loc, shallower))
         && !isNativeSessionPath(cli, loc, elsewhere)
         && others.every((k) => !isNativeSessionPath(k, loc, path));
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 
   it('match the Claude Code layout measured with the real CLI, and not its sub-agent sidechains', () => {

@@ -2,8 +2,8 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { nodeDepartureSource, type NodeTaint } from '../../../src/core/node-signals.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 const node = (over: { unschedulable?: boolean; taints?: NodeTaint[] } = {}) => ({ name: 'host-a', unschedulable: over.unschedulable ?? false, taints: over.taints ?? [] });
 const harmless = fc.record({
   key: fc.constantFrom('node-role.kubernetes.io/control-plane', 'dedicated', 'node.kubernetes.io/not-ready', 'karpenter.sh/disruption', 'example.com/gpu'),
@@ -26,12 +26,12 @@ describe('nodeDepartureSource', () => {
   it('never reads ordinary taints (or a Karpenter candidate) as a departure of a schedulable node', () => {
     fc.assert(fc.property(fc.array(harmless, { maxLength: 6 }), (taints) => {
       return nodeDepartureSource(node({ taints })) === undefined;
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 
   it('a cordon is a departure whatever ordinary taints come with it', () => {
     fc.assert(fc.property(fc.array(harmless, { maxLength: 6 }), (taints) => {
       return nodeDepartureSource(node({ unschedulable: true, taints })) === 'node_cordoned';
-    }), { numRuns });
+    }), { numRuns: PROPERTY_RUNS });
   });
 });

@@ -10,8 +10,8 @@ import {
   markMemberLost, newMemberSession, onContainerStopped, onProcessExited, onRestored, transitionGroup, unwrap, parseLocator,
   type CheckpointSummary, type GroupEvent, type GroupLifecycle, type Locator, type MemberSession, type ProcessIdentity, type TurnEnd,
 } from '../../../src/core/index.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 const MEMBERS = ['m0', 'm1'] as const;
 const IMG = `sha256:${'1'.repeat(64)}`;
 const IMG_OTHER = `sha256:${'2'.repeat(64)}`;
@@ -502,10 +502,10 @@ function run(actions: Action[]): void {
 }
 
 describe('session and group core, model-based', () => {
-  it(`random histories agree with the model and keep every invariant (numRuns=${numRuns})`, () => {
-    fc.assert(fc.property(fc.array(action, { minLength: 1, maxLength: 50, size: 'max' }), (actions) => { run(actions); }), { numRuns });
+  it(`random histories agree with the model and keep every invariant (numRuns=${PROPERTY_RUNS})`, () => {
+    fc.assert(fc.property(fc.array(action, { minLength: 1, maxLength: 50, size: 'max' }), (actions) => { run(actions); }), { numRuns: PROPERTY_RUNS });
     if (process.env.DBG) console.log(JSON.stringify([...reached]));
-    if (numRuns >= 500) {
+    if (PROPERTY_RUNS >= 500) {
       const expected = [
         'begin:NEW', 'begin:LIVE', 'begin:RESTORED', 'begin:reclaim', 'begin:LOST', 'migrated', 'hostLoss:restored', 'hostLoss:host_lost_running',
         'hostLoss:unclean_stop', 'hostLoss:no_checkpoint', 'hostLoss:stale_checkpoint', 'hostLoss:checkpoint_corrupt', 'hostLoss:restore_failed',

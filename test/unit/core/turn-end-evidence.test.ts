@@ -2,8 +2,8 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { CLI_KINDS, TURN_END_RULES, classifyTurnEnd, type CliKind, type NativeEndEvent, type TurnObservation } from '../../../src/core/index.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 const obs = (cli: CliKind, events: NativeEndEvent[], patch: Partial<TurnObservation> = {}): TurnObservation => ({
   cli, events, cleanupFinished: true, transportUsable: true, ...patch,
 });
@@ -67,6 +67,6 @@ describe('turn-end evidence (R-S5)', () => {
           expect(explicitSuccess).toBe(true);
         }
       },
-    ), { numRuns });
+    ), { numRuns: PROPERTY_RUNS });
   });
 });

@@ -5,6 +5,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { MAX_HELPER_LINE, parseHelperVersionOutput } from '../../../src/docker/attestation-probe.ts';
 import { parseBridgeVersion } from '../../../src/core/attestation.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 describe('parseHelperVersionOutput', () => {
   it('accepts both documented forms, with or without one trailing newline', () => {
@@ -39,7 +40,7 @@ describe('parseHelperVersionOutput', () => {
         const r = parseHelperVersionOutput(out);
         if (r.ok) expect(parseBridgeVersion(r.line)).toBe(Number(r.version));
       }),
-      { numRuns: 1000 },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 });

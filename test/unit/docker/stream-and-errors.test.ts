@@ -4,6 +4,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { DockerRuntimeError, mapEngineError } from '../../../src/docker/errors.ts';
 import { Demuxer, demux } from '../../../src/docker/stream.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 function frame(kind: 1 | 2, payload: string): Buffer {
   const body = Buffer.from(payload);
@@ -33,6 +34,7 @@ describe('demux', () => {
         expect(d.result()).toEqual(demux(buf, 1 << 20));
         expect(d.result().stdout).toBe(frames.filter(([k]) => k === 1).map(([, p]) => p).join(''));
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 

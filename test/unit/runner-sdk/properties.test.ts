@@ -12,6 +12,7 @@ import {
   type TurnEndDetector,
 } from '../../../src/runner-sdk/detectors/index.ts';
 import { fixtureEvents } from './fixtures.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 const idArb = fc.stringMatching(/^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$/);
 const transportArb = fc.constantFrom<TransportKind>(...TRANSPORT_KINDS);
@@ -54,6 +55,7 @@ describe('properties', () => {
         expect(ev.locatorConflict).toBeUndefined();
         expect(ev).toMatchObject({ nativeTurnEnded: true, succeeded: !isError, assistantText: 'root' });
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
@@ -65,6 +67,7 @@ describe('properties', () => {
         expect(d.nativeTurnEnded).toBe(false);
         expect(d.result().observedLocator).toBeUndefined();
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
@@ -94,6 +97,7 @@ describe('properties', () => {
         d.observe({ method: 'turn/completed', params: { threadId: 'thr-root', turn: { id: current, status: 'completed' } } });
         expect(d.result()).toMatchObject({ nativeTurnEnded: true, succeeded: true, nativeTurnId: current });
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
@@ -111,6 +115,7 @@ describe('properties', () => {
         d.observe({ type: 'settled', turnId: current, properties: { sessionID: 'ses_x' } });
         expect(d.nativeTurnEnded).toBe(true);
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
@@ -147,17 +152,20 @@ describe('properties', () => {
           expect(ev.endKind).toBe(transports[0]?.[0]);
         },
       ),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
+  /** A successful native end of turn 4 per CLI. */
+  const ends: Record<CliKind, unknown> = {
+    'claude-code': { type: 'result', subtype: 'success', is_error: false, session_id: 's' },
+    codex: { method: 'turn/completed', params: { turn: { id: '4', status: 'completed' } } },
+    pi: { type: 'agent_end', messages: [{ role: 'assistant', content: [{ type: 'text', text: 'ok' }], stopReason: 'stop' }] },
+    opencode: { type: 'settled', turnId: 4, properties: { sessionID: 'ses_a' } },
+    kilo: { type: 'settled', turnId: 4, properties: { sessionID: 'ses_a' } },
+  };
+
   it('transport events after a native end change neither the end nor its outcome', () => {
-    const ends: Record<CliKind, unknown> = {
-      'claude-code': { type: 'result', subtype: 'success', is_error: false, session_id: 's' },
-      codex: { method: 'turn/completed', params: { turn: { id: '4', status: 'completed' } } },
-      pi: { type: 'agent_end', messages: [{ role: 'assistant', content: [{ type: 'text', text: 'ok' }], stopReason: 'stop' }] },
-      opencode: { type: 'settled', turnId: 4, properties: { sessionID: 'ses_a' } },
-      kilo: { type: 'settled', turnId: 4, properties: { sessionID: 'ses_a' } },
-    };
     fc.assert(
       fc.property(fc.constantFrom<CliKind>('claude-code', 'codex', 'pi', 'opencode', 'kilo'), fc.array(transportArb, { maxLength: 6 }), (cli, transports) => {
         const d = make(cli);
@@ -167,18 +175,64 @@ describe('properties', () => {
         const after = d.result();
         expect(after).toMatchObject({ nativeTurnEnded: true, succeeded: true, endKind: before.endKind });
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
+  /**
+   * The shapes that end a turn natively, per CLI (the detectors' documented end events, R-S5):
+   * Claude's root `result` and `system/api_retry` (R-S6); Codex's `turn/completed`; Pi's
+   * `agent_end` and a failed `auto_retry_end`; the live bridge's `settled`. Nothing else may.
+   */
+  const rec = (x: unknown): Record<string, unknown> | undefined => (typeof x === 'object' && x !== null && !Array.isArray(x) ? (x as Record<string, unknown>) : undefined);
+  const endShape: Record<CliKind, (x: unknown) => boolean> = {
+    'claude-code': (x) => (rec(x)?.type === 'result' && (rec(x)?.parent_tool_use_id ?? null) === null) || (rec(x)?.type === 'system' && rec(x)?.subtype === 'api_retry'),
+    codex: (x) => rec(x)?.method === 'turn/completed',
+    pi: (x) => rec(x)?.type === 'agent_end' || (rec(x)?.type === 'auto_retry_end' && rec(x)?.success === false),
+    opencode: (x) => rec(x)?.type === 'settled',
+    kilo: (x) => rec(x)?.type === 'settled',
+  };
+  /** Event names of every CLI (end events included; the filter above takes those out per CLI). */
+  const eventName = fc.constantFrom(
+    'result', 'system', 'assistant', 'user', 'session', 'response', 'message_end', 'auto_retry_start', 'auto_retry_end', 'agent_end',
+    'message.updated', 'message.part.updated', 'message.part.delta', 'session.error', 'settled',
+    'thread/started', 'turn/started', 'turn/completed', 'item/completed', 'item/agentMessage/delta', 'error',
+  );
+  /** Look-alikes of real events: known names with plausible fields of this turn (4), mixed at random. */
+  const nearMiss = fc.record(
+    {
+      type: eventName,
+      method: eventName,
+      subtype: fc.constantFrom('api_retry', 'success', 'init', 'error_during_execution'),
+      is_error: fc.boolean(),
+      success: fc.boolean(),
+      session_id: fc.constantFrom('s', 'other'),
+      parent_tool_use_id: fc.constantFrom(null, 'toolu_1'),
+      turnId: fc.constantFrom(4, '4', 5),
+      params: fc.record({ threadId: fc.constantFrom('thr', 'other'), turnId: fc.constantFrom('4', '5'), turn: fc.record({ id: fc.constantFrom('4', 4, '5'), status: fc.constantFrom('completed', 'failed', 'inProgress') }) }, { requiredKeys: [] }),
+      properties: fc.record({ turnId: fc.constantFrom(4, 5), sessionID: fc.constant('ses_a') }, { requiredKeys: [] }),
+      messages: fc.constant([{ role: 'assistant', content: [{ type: 'text', text: 'x' }], stopReason: 'stop' }]),
+      result: fc.anything(),
+    },
+    { requiredKeys: [] },
+  );
+
   it('arbitrary input never throws and never ends a turn by accident of shape', () => {
     fc.assert(
-      fc.property(fc.constantFrom<CliKind>('claude-code', 'codex', 'pi', 'opencode', 'kilo'), fc.array(fc.anything(), { maxLength: 30 }), (cli, inputs) => {
+      fc.property(fc.constantFrom<CliKind>('claude-code', 'codex', 'pi', 'opencode', 'kilo'), fc.array(fc.oneof(fc.anything(), nearMiss), { maxLength: 30 }), (cli, inputs) => {
+        const shapes = inputs.filter((x) => !endShape[cli](x));
         const d = make(cli);
-        for (const x of inputs) d.observe(x);
+        for (const x of shapes) d.observe(x);
         const ev = d.result();
-        expect(ev.stats.events).toBe(inputs.length);
-        expect(typeof ev.nativeTurnEnded).toBe('boolean');
+        expect(ev.stats.events).toBe(shapes.length);
+        // The turn did not end: no native end, no success, no end kind.
+        expect(d.nativeTurnEnded).toBe(false);
+        expect(ev).toMatchObject({ nativeTurnEnded: false, succeeded: false, endKind: 'none' });
+        // And the turn is still open to its real end: the noise neither ended nor wedged it.
+        d.observe(ends[cli]);
+        expect(d.nativeTurnEnded).toBe(true);
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 
@@ -198,6 +252,7 @@ describe('properties', () => {
         for (let v = d.next(); v !== undefined; v = d.next()) out.push(v.value);
         expect(out).toEqual(values.map((v) => JSON.parse(JSON.stringify(v)) as unknown));
       }),
+      { numRuns: PROPERTY_RUNS },
     );
   });
 });

@@ -4,8 +4,8 @@
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import { MAX_SHARDS, shardIndex } from '../../../src/store/sharded-kv-repository.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
-const numRuns = Number(process.env.FC_NUM_RUNS ?? 1000);
 
 describe('shardIndex', () => {
   it('is FNV-1a 32-bit mod count (golden values)', () => {
@@ -22,7 +22,7 @@ describe('shardIndex', () => {
         expect(Number.isInteger(i) && i >= 0 && i < count).toBe(true);
         expect(shardIndex(key, count)).toBe(i);
       }),
-      { numRuns },
+      { numRuns: PROPERTY_RUNS },
     );
   });
 

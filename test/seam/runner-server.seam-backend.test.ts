@@ -1,8 +1,11 @@
-// The runner gRPC API server (R-I1, R-R4, R-R5) over real mTLS loopback sockets, bound to the
-// NAMED SEAM backend (seam-backend.ts: core rules over an in-memory CAS store and a simulated host),
-// not the control plane. What is proven here belongs to the API layer: status codes and reasons of
+// SEAM TEST (test/seam: not the product's backend, no real services behind the server). The runner
+// gRPC API server (R-I1, R-R4, R-R5) over real mTLS loopback sockets, bound to the NAMED SEAM
+// backend (seam-backend.ts: core rules over an in-memory CAS store and a simulated host), not the
+// control plane. What is proven here belongs to the API layer alone: status codes and reasons of
 // every error class, request validation under fuzzing, deadlines, idempotency over the wire, mTLS
-// and role authorization, health and reflection, and the SDK client's retries.
+// and role authorization, health and reflection, and the SDK client's retries. The same status,
+// deadline, idempotency and CAS cases against the product's real backend (control plane, NATS,
+// agents, dockerd) are in test/integration/api/runner-api.real-backend.test.ts.
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import fc from 'fast-check';
@@ -10,16 +13,17 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { protoPath as healthProtoPath } from 'grpc-health-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { readErrorDetail } from '../../../src/api/errors.ts';
-import { groupToProto } from '../../../src/api/mapping.ts';
-import { ApiServer, InsecureConfigurationError } from '../../../src/api/runner-server.ts';
-import { CliKind, ContextState, GroupState, StopOutcome, TurnEndKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
-import { AdminServiceClient, ListHostsRequest } from '../../../src/gen/sandboxfleet/v1/admin.ts';
-import { RunnerServiceClient } from '../../../src/gen/sandboxfleet/v1/runner.ts';
-import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
-import { createTestPki, type CertPair, type TestPki } from '../../support/certs.ts';
+import { readErrorDetail } from '../../src/api/errors.ts';
+import { groupToProto } from '../../src/api/mapping.ts';
+import { ApiServer, InsecureConfigurationError } from '../../src/api/runner-server.ts';
+import { CliKind, ContextState, GroupState, StopOutcome, TurnEndKind } from '../../src/gen/sandboxfleet/v1/common.ts';
+import { AdminServiceClient, ListHostsRequest } from '../../src/gen/sandboxfleet/v1/admin.ts';
+import { RunnerServiceClient } from '../../src/gen/sandboxfleet/v1/runner.ts';
+import { RunnerClient, RunnerError } from '../../src/runner-sdk/index.ts';
+import { createTestPki, type CertPair, type TestPki } from '../support/certs.ts';
 import { MemoryCasStore, SeamBackend, type SeamRecord } from './seam-backend.ts';
-import { successEvidence } from '../../support/evidence.ts';
+import { successEvidence } from '../support/evidence.ts';
+import { PROPERTY_RUNS } from '../support/property-runs.ts';
 
 const ok = successEvidence;
 
@@ -252,7 +256,7 @@ describe('fuzzed requests (R-R4)', () => {
           expect(res.reason).toBeTypeOf('string');
         },
       ),
-      { numRuns: 150 },
+      { numRuns: PROPERTY_RUNS },
     );
     // Oversized: bigger than the 256 KiB receive limit.
     const huge = await callRaw(begin, { idempotencyKey: 'k', groupId: 'g'.repeat(300 * 1024), memberId: 'm' });

@@ -1,11 +1,11 @@
-// NAMED SEAM for the API tests and the turn benchmark: a RunnerBackend built from the real core
+// NAMED SEAM for the API seam tests (test/seam): a RunnerBackend built from the real core
 // rules (member-session.ts beginTurn/completeTurn, group.ts transitions, clean-stop.ts) over a
 // compare-and-set record store, with a simulated host in place of the control plane's agents.
 // It is NOT the control plane (src/control-plane); it exists so the gRPC server can be tested
 // before and independently of it. Every answer comes from the core functions, never canned:
 // idempotency (first answer stored per key, concurrent repeats converge on it), deterministic turn
 // ids, CAS retries, LOST on unconfirmed turns, locator refusals at begin and end.
-// The record store is either in memory (MemoryCasStore, tests) or NATS KV (bench, via KvRepository).
+// The record store is any CasStore: in memory (MemoryCasStore, the seam tests) or NATS KV (KvRepository).
 import { createHash } from 'node:crypto';
 import {
   beginTurn as coreBeginTurn,
@@ -27,7 +27,7 @@ import {
   type MemberSession,
   type ProcessIdentity,
   type TurnEnd,
-} from '../../../src/core/index.ts';
+} from '../../src/core/index.ts';
 import type {
   BeginTurnInput,
   BeginTurnView,
@@ -39,9 +39,9 @@ import type {
   StopGroupInput,
   StopGroupView,
   TurnEvidenceInput,
-} from '../../../src/core/runner-port.ts';
-import type { Locator } from '../../../src/core/ids.ts';
-import { StoreUnavailableError } from '../../../src/store/errors.ts';
+} from '../../src/core/runner-port.ts';
+import type { Locator } from '../../src/core/ids.ts';
+import { StoreUnavailableError } from '../../src/store/errors.ts';
 
 // ---------------------------------------------------------------------------------------------
 // CAS record store.

@@ -1,0 +1,53 @@
+// Every fast-check property under test/ takes its run count from the one knob
+// (test/support/property-runs.ts, issue 19), so the run counts ARCHITECTURE.md states are the ones
+// CI runs: each fc.assert passes `numRuns: PROPERTY_RUNS` (or MODEL_RUNS for a real-stack model),
+// no file reads FC_NUM_RUNS or MODEL_RUNS itself, and no property has a run count of its own.
+import { readFileSync, readdirSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { MODEL_RUNS, PROPERTY_RUNS } from '../support/property-runs.ts';
+
+const root = join(import.meta.dirname, '..', '..');
+const KNOB = join('test', 'support', 'property-runs.ts');
+const SELF = relative(root, import.meta.filename);
+
+function tsFiles(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const path = join(dir, e.name);
+    if (e.isDirectory()) return tsFiles(path);
+    return e.name.endsWith('.ts') ? [path] : [];
+  });
+}
+
+const count = (text: string, re: RegExp): number => text.match(re)?.length ?? 0;
+
+describe('property run counts (one knob)', () => {
+  const files = tsFiles(join(root, 'test')).map((path) => ({ file: relative(root, path), text: readFileSync(path, 'utf8') })).filter((f) => f.file !== SELF);
+
+  it('the defaults are what ARCHITECTURE.md states: 1,000 per unit property', () => {
+    if (process.env.FC_NUM_RUNS === undefined) expect(PROPERTY_RUNS).toBe(1_000);
+    expect(MODEL_RUNS).toBeGreaterThan(0);
+  });
+
+  it('every fc.assert under test/ passes the knob as its run count', () => {
+    const properties = files.filter((f) => f.text.includes('fc.assert('));
+    // The files this issue named must be among them (a rename must not make the check vacuous).
+    expect(properties.map((f) => f.file)).toEqual(expect.arrayContaining([
+      'test/unit/runner-sdk/properties.test.ts', 'test/unit/control-plane/lease-policy.test.ts', 'test/unit/docker/stream-and-errors.test.ts',
+      'test/unit/api/mapping.test.ts', 'test/unit/api/errors.test.ts', 'test/unit/api/peer-identity.test.ts',
+      'test/integration/api/runner-api.model.test.ts', 'test/seam/runner-server.seam-backend.test.ts',
+    ]));
+    const wrong = properties
+      .map((f) => ({ file: f.file, asserts: count(f.text, /fc\.assert\(/g), knobbed: count(f.text, /numRuns: (PROPERTY_RUNS|MODEL_RUNS)\b/g) }))
+      .filter((f) => f.asserts !== f.knobbed);
+    expect(wrong, 'files whose fc.assert calls do not all pass numRuns: PROPERTY_RUNS / MODEL_RUNS').toEqual([]);
+  });
+
+  it('no test has a run count or reads the run-count variables of its own', () => {
+    const own = files
+      .filter((f) => f.file !== KNOB)
+      .filter((f) => /numRuns\s*:\s*\d|process\.env\.(FC_NUM_RUNS|MODEL_RUNS)\b|env\[['"](FC_NUM_RUNS|MODEL_RUNS)['"]\]|fc\.configureGlobal/.test(f.text))
+      .map((f) => f.file);
+    expect(own).toEqual([]);
+  });
+});
