@@ -8,7 +8,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentSubjects } from '../../../src/core/agent-subjects.ts';
 import { API_SHA } from '../../../src/gen/api-sha.ts';
-import { CommandOutcome } from '../../../src/gen/sandboxfleet/v1/agent.ts';
+import { CommandOutcome, ProbeEcho, ProbeEchoAck } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { destroyAll, startDockerHost, type DockerHost } from '../../support/docker.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
@@ -17,7 +17,6 @@ import {
   ensureCheckpointStreams,
   heartbeats,
   notices,
-  probeResponder,
   registrationResponder,
   sendCommand,
   spawnAgent,
@@ -99,15 +98,42 @@ describe('host agent registration (R-H1, R-H2)', () => {
   });
 });
 
+/**
+ * The control plane's side of the reverse probe, answering each echo only after `holdMs`, and
+ * noting how long it really held each one: the round trip the agent reports must contain that hold.
+ */
+function slowProbeResponder(hostId: string, replica: string, holdMs: number): { echoes: ProbeEcho[]; heldMs: number[]; stop(): Promise<void> } {
+  const echoes: ProbeEcho[] = [];
+  const heldMs: number[] = [];
+  const sub = nc.subscribe(AgentSubjects.probeCallback(hostId), {
+    callback: (_err, msg) => {
+      const received = performance.now();
+      const echo = ProbeEcho.decode(msg.data);
+      echoes.push(echo);
+      setTimeout(() => {
+        heldMs.push(performance.now() - received);
+        msg.respond(ProbeEchoAck.encode({ nonce: echo.nonce, replica, receivedAtUnixMs: Date.now() }).finish());
+      }, holdMs);
+    },
+  });
+  return { echoes, heldMs, stop: () => sub.drain() };
+}
+
 describe('commands at the host scope', () => {
-  it('answers the reverse probe with the round trip (R-H7)', async () => {
-    const pr = probeResponder(nc, 'reg-good', 'cp-1');
+  it('answers the reverse probe with the round trip it measured (R-H7)', async () => {
+    const pr = slowProbeResponder('reg-good', 'cp-1', 400);
+    const sent = performance.now();
     const res = await sendCommand(nc, { hostId: 'reg-good', epoch: 7 }, { $case: 'probe', value: { nonce: 'n-123', callbackSubject: AgentSubjects.probeCallback('reg-good') } });
+    const wholeCommandMs = performance.now() - sent;
     expect(res.outcome).toBe(CommandOutcome.OK);
     expect(res.result?.$case).toBe('probe');
     const probe = res.result!.$case === 'probe' ? res.result!.value : undefined;
     expect(probe).toMatchObject({ nonce: 'n-123', callbackOk: true, answeredBy: 'cp-1' });
-    expect(probe!.callbackRoundTripMs).toBeGreaterThanOrEqual(0);
+    // The round trip is measured, not made up: it holds the time the control plane sat on the echo,
+    // and fits inside the whole command as timed from here.
+    expect(pr.heldMs).toHaveLength(1);
+    expect(probe!.callbackRoundTripMs).toBeGreaterThanOrEqual(Math.floor(pr.heldMs[0]!));
+    expect(probe!.callbackRoundTripMs).toBeLessThanOrEqual(Math.ceil(wholeCommandMs));
     expect(pr.echoes[0]).toMatchObject({ hostId: 'reg-good', hostEpoch: 7, nonce: 'n-123', agentBuildSha: TEST_AGENT_SHA, apiSha: API_SHA });
     await pr.stop();
   });
