@@ -1,7 +1,8 @@
 // Every fast-check property under test/ takes its run count from the one knob
 // (test/support/property-runs.ts, issue 19), so the run counts ARCHITECTURE.md states are the ones
 // CI runs: each fc.assert passes `numRuns: PROPERTY_RUNS` (or MODEL_RUNS for a real-stack model),
-// no file reads FC_NUM_RUNS or MODEL_RUNS itself, and no property has a run count of its own.
+// no file reads FC_NUM_RUNS or MODEL_RUNS itself, no property has a run count of its own, and the
+// "## Testing" section quotes the defaults (property runs, model runs and seeds, leader-kill schedules).
 import { readFileSync, readdirSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -41,6 +42,19 @@ describe('property run counts (one knob)', () => {
       .map((f) => ({ file: f.file, asserts: count(f.text, /fc\.assert\(/g), knobbed: count(f.text, /numRuns: (PROPERTY_RUNS|MODEL_RUNS)\b/g) }))
       .filter((f) => f.asserts !== f.knobbed);
     expect(wrong, 'files whose fc.assert calls do not all pass numRuns: PROPERTY_RUNS / MODEL_RUNS').toEqual([]);
+  });
+
+  it('ARCHITECTURE.md "## Testing" states the counts CI runs', () => {
+    const arch = readFileSync(join(root, 'ARCHITECTURE.md'), 'utf8');
+    const from = arch.indexOf('\n## Testing');
+    const to = arch.indexOf('\n## ', from + 1);
+    const testing = arch.slice(from, to === -1 ? undefined : to).replace(/\s+/g, ' ');
+    const source = (file: string): string => files.find((f) => f.file === file)!.text;
+    if (!('FC_NUM_RUNS' in process.env)) expect(testing).toContain(`${PROPERTY_RUNS.toLocaleString('en-US')} runs per property`);
+    const fixedSeeds = /const FIXED_SEEDS = \[([^\]]*)\]/.exec(source('test/integration/api/runner-api.model.test.ts'))![1]!.split(',').filter((x) => x.trim() !== '').length;
+    if (!('MODEL_RUNS' in process.env)) expect(testing).toContain(`CI: ${MODEL_RUNS} runs per seed, ${MODEL_RUNS * (fixedSeeds + 1)} runs`);
+    const schedules = /SF_LEADER_KILL_SCHEDULES \?\? (\d+)/.exec(source('test/integration/control-plane/leader-kill.test.ts'))![1];
+    expect(testing).toContain(`${schedules} schedules in CI`);
   });
 
   it('no test has a run count or reads the run-count variables of its own', () => {
