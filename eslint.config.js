@@ -54,4 +54,17 @@ export default tseslint.config(
     files: ['src/core/**/*.ts'],
     rules: { 'no-restricted-globals': ['error', { name: 'Date', message: 'src/core reads no clock: pass time in.' }, { name: 'process', message: 'src/core reads no env.' }] },
   },
+  {
+    // The control plane never lists a bucket (R-R7): its loops and queries read the read model
+    // (fleet-state.ts, fed by watches) and act per key; a listing is bounded, so a decision made on
+    // one can miss records (and a deletion decided on absence destroys state, R-R6).
+    files: ['src/control-plane/**/*.ts', 'src/api/**/*.ts'],
+    rules: {
+      'no-restricted-syntax': ['error',
+        { selector: "CallExpression[callee.property.name=/^(list|keys)$/][callee.object.property.name=/^(repo|repos|hosts|groups|checkpoints|conversations|idempotency|gcLocks|heartbeats)$/]", message: 'no bucket listings in the control plane: read the read model (fleet-state.ts) or get by key.' },
+        { selector: "CallExpression[callee.property.name=/^(list|keys)$/][callee.object.name=/^(repo|repos|store)$/]", message: 'no bucket listings in the control plane: read the read model (fleet-state.ts) or get by key.' },
+        { selector: "CallExpression[callee.name=/^list(Groups|Hosts)$/]", message: 'no bucket listings in the control plane: read the read model (fleet-state.ts).' },
+      ],
+    },
+  },
 );

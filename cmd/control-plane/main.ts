@@ -94,7 +94,7 @@ async function main(): Promise<void> {
     ? new LeaseElector({ kubeConfig: loadKubeConfig(config.kubernetesNodes.startsWith('/') ? { kubeconfig: config.kubernetesNodes } : 'in-cluster'), namespace: config.leaseNamespace, name: config.leaseName, identity: replicaId, leaseDurationSeconds: config.leaseDurationSeconds, logger: logger.child({ component: 'leader' }) })
     : undefined;
   const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: build.sha, replicaId, ...(elector !== undefined ? { elector } : {}) });
-  plane.start();
+  await plane.start();
   // R-H5/R-I6: Nodes that are going away drain their hosts (the leader acts; see src/kube).
   const nodes = config.kubernetesNodes === 'off' ? undefined : new NodeWatcher({
     kubeConfig: loadKubeConfig(config.kubernetesNodes === 'in-cluster' ? 'in-cluster' : { kubeconfig: config.kubernetesNodes }),

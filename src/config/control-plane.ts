@@ -86,6 +86,16 @@ export const ControlPlaneConfigSchema = z.object({
   checkpointRefreshPerPass: z.coerce.number().int().min(1).max(64).default(4),
   /** R-G7: valid checkpoints kept per group. */
   checkpointKeep: z.coerce.number().int().min(1).max(100).default(2),
+  /**
+   * How long a LOST group's containers (and checkpoints) are kept for an operator to examine or
+   * recover by hand before they are deleted (R-R6); 0 = until an operator destroys the group.
+   */
+  lostRetentionMs: durationMs(0, 366 * 24 * 3_600_000).default(7 * 24 * 3_600_000),
+  /**
+   * Safety-net resync: every key of the reconcile queues is looked at again this often even when no
+   * change announced it (controller-runtime's resync period). Changes, not this, drive the loops.
+   */
+  resyncIntervalMs: durationMs(10_000, 24 * 3_600_000).default(10 * 60_000),
   /** R-G5: restore attempts (each on another host) before LOST restore_failed. */
   restoreMaxAttempts: z.coerce.number().int().min(1).max(10).default(3),
   /** Groups migrated at once (bounded parallelism). */
@@ -163,6 +173,8 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     checkpointRefreshFraction: env.SANDBOXFLEET_CHECKPOINT_REFRESH_FRACTION,
     checkpointRefreshPerPass: env.SANDBOXFLEET_CHECKPOINT_REFRESH_PER_PASS,
     checkpointKeep: env.SANDBOXFLEET_CHECKPOINT_KEEP,
+    lostRetentionMs: env.SANDBOXFLEET_LOST_RETENTION_MS,
+    resyncIntervalMs: env.SANDBOXFLEET_RESYNC_INTERVAL_MS,
     restoreMaxAttempts: env.SANDBOXFLEET_RESTORE_MAX_ATTEMPTS,
     migrationParallelism: env.SANDBOXFLEET_MIGRATION_PARALLELISM,
     agentCommandTimeoutMs: env.SANDBOXFLEET_AGENT_COMMAND_TIMEOUT_MS,

@@ -13,18 +13,21 @@ import type { HostVerification, ReverseProbe, VerifyResponse } from '../gen/sand
 import { HostState } from '../gen/sandboxfleet/v1/common.ts';
 import { MAX_READ_LIMIT, type SequencedEvent } from '../store/event-log.ts';
 import type { StateStore } from '../store/connection.ts';
+import { CommandIds } from '../wire/agent-protocol.ts';
 import { AgentCommandFailed } from './agent-client.ts';
 import { eventSubjectToken } from './events.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
 import { readManifest, verifyCheckpoint } from './checkpoints.ts';
-import { candidates, describeError, isTerminal, listGroups, listHosts } from './fleet.ts';
+import { candidates, describeError, isTerminal } from './fleet.ts';
 import { GroupOps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import type { MigrationController } from './migration-controller.ts';
 import { chooseHost, eligibleHosts, type HostCandidate } from './placement.ts';
 import type { CheckpointRecord, Evacuation, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
 import type { ProbeResponder } from './reverse-probe.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import { Keys, type ControlPlaneDeps } from './state.ts';
+
+export type AdminDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'groups' | 'hosts' | 'checkpoints' | 'chunks' | 'agents' | 'gcLocks' | 'events' | 'metrics' | 'logger' | 'now' | 'replicaId'>;
 import { groupView } from './views.ts';
 
 /** One event of the audit log with its stream sequence. */
@@ -106,7 +109,7 @@ export class AdminOps {
   readonly #ops: GroupOps;
 
   constructor(
-    private readonly ctx: ControlPlaneContext,
+    private readonly ctx: AdminDeps,
     private readonly store: StateStore<ControlPlaneBuckets>,
     private readonly policy: AttestationPolicy,
     private readonly controller: MigrationController,
@@ -118,30 +121,28 @@ export class AdminOps {
 
   // ---- hosts ------------------------------------------------------------------------------------
 
+  /** Hosts from the read model (this replica's view, brought up to date with the store first). */
   async listHosts(state?: HostStateName): Promise<HostDetail[]> {
-    const [hosts, groups, beats] = await Promise.all([listHosts(this.ctx), listGroups(this.ctx), this.ctx.repos.heartbeats.list()]);
-    const byHost = new Map(beats.entries.map((e) => [e.value.hostId, e.value]));
-    return hosts
+    await this.ctx.fleet.sync();
+    return [...this.ctx.fleet.hosts()]
       .filter((h) => state === undefined || h.value.lifecycle.state === state)
-      .map((h) => ({
-        record: h.value,
-        revision: h.revision,
-        heartbeat: byHost.get(h.value.hostId),
-        groupCount: groups.filter((g) => !isTerminal(g.value) && g.value.lifecycle.hostId === h.value.hostId).length,
-      }))
+      .map((h) => this.#hostDetail(h.value, h.revision))
       .sort((a, b) => (a.record.hostId < b.record.hostId ? -1 : a.record.hostId > b.record.hostId ? 1 : 0));
   }
 
   async getHost(hostId: string): Promise<HostDetail> {
-    const h = await this.ctx.repos.hosts.get(Keys.host(hostId));
+    const h = await this.ctx.hosts.get(hostId);
     if (h === undefined) throw new NotFound('host_not_found', `host ${hostId} is not registered`, { details: { hostId } });
-    const [beat, groups] = await Promise.all([this.ctx.repos.heartbeats.get(Keys.host(hostId)), listGroups(this.ctx)]);
-    return {
-      record: h.value,
-      revision: h.revision,
-      heartbeat: beat?.value,
-      groupCount: groups.filter((g) => !isTerminal(g.value) && g.value.lifecycle.hostId === hostId).length,
-    };
+    return this.#hostDetail(h.value, h.revision);
+  }
+
+  #hostDetail(record: HostRecord, revision: number): HostDetail {
+    let groupCount = 0;
+    for (const key of this.ctx.fleet.groupKeysOnHost(record.hostId)) {
+      const g = this.ctx.fleet.group(key)?.value;
+      if (g !== undefined && !isTerminal(g) && g.lifecycle.hostId === record.hostId) groupCount += 1;
+    }
+    return { record, revision, heartbeat: this.ctx.fleet.heartbeat(record.hostId), groupCount };
   }
 
   /**
@@ -155,7 +156,7 @@ export class AdminOps {
     if (state !== 'READY' && state !== 'DRAINING' && state !== 'SUSPECT') {
       throw new PreconditionFailed('invalid_transition', `host ${hostId} is ${state}: only READY, DRAINING or SUSPECT hosts can be drained`, { details: { hostId, state } });
     }
-    await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source }, source, undefined, undefined, operatorDetail(operatorReason));
+    await applyHostEvent(this.ctx.hosts, hostId, { type: 'drain_requested', source }, source, undefined, undefined, operatorDetail(operatorReason));
     return this.getHost(hostId);
   }
 
@@ -170,25 +171,29 @@ export class AdminOps {
     const state = before.record.lifecycle.state;
     const drainable = state === 'READY' || state === 'DRAINING' || state === 'SUSPECT';
     const detail = operatorDetail(operatorReason);
-    if (drainable) await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source: 'operator_remove' }, 'operator_remove', undefined, undefined, detail);
-    if (force || !drainable) await applyHostEvent(this.ctx, hostId, { type: 'removed' }, force ? 'operator_remove (force)' : `operator_remove of a ${state} host`, undefined, undefined, detail);
+    if (drainable) await applyHostEvent(this.ctx.hosts, hostId, { type: 'drain_requested', source: 'operator_remove' }, 'operator_remove', undefined, undefined, detail);
+    if (force || !drainable) await applyHostEvent(this.ctx.hosts, hostId, { type: 'removed' }, force ? 'operator_remove (force)' : `operator_remove of a ${state} host`, undefined, undefined, detail);
     return this.getHost(hostId);
   }
 
   // ---- groups -----------------------------------------------------------------------------------
 
+  /** Groups from the read model (brought up to date with the store first), oldest first. */
   async listGroups(filter: { hostId?: string | undefined; state?: GroupStateName | undefined }): Promise<GroupView[]> {
-    const [groups, hosts] = await Promise.all([listGroups(this.ctx), listHosts(this.ctx)]);
-    const epochs = new Map(hosts.map((h) => [h.value.hostId, h.value.lifecycle.epoch]));
-    return groups
-      .filter((g) => (filter.hostId === undefined || g.value.lifecycle.hostId === filter.hostId) && (filter.state === undefined || g.value.lifecycle.state === filter.state))
-      .map((g) => groupView(g.value, g.revision, epochs.get(g.value.lifecycle.hostId) ?? 0))
-      .sort((a, b) => a.createdAtMs - b.createdAtMs || (a.groupId < b.groupId ? -1 : 1));
+    await this.ctx.fleet.sync();
+    const epoch = (hostId: string): number => this.ctx.fleet.host(Keys.host(hostId))?.value.lifecycle.epoch ?? 0;
+    const out: GroupView[] = [];
+    for (const g of this.ctx.fleet.groups()) {
+      if (filter.hostId !== undefined && g.value.lifecycle.hostId !== filter.hostId) continue;
+      if (filter.state !== undefined && g.value.lifecycle.state !== filter.state) continue;
+      out.push(groupView(g.value, g.revision, epoch(g.value.lifecycle.hostId)));
+    }
+    return out.sort((a, b) => a.createdAtMs - b.createdAtMs || (a.groupId < b.groupId ? -1 : 1));
   }
 
   async getGroup(groupId: string): Promise<GroupView> {
     const g = await this.#ops.get(groupId);
-    const host = await this.ctx.repos.hosts.get(Keys.host(g.value.lifecycle.hostId));
+    const host = await this.ctx.hosts.get(g.value.lifecycle.hostId);
     return groupView(g.value, g.revision, host?.value.lifecycle.epoch ?? 0);
   }
 
@@ -207,7 +212,7 @@ export class AdminOps {
       throw new PreconditionFailed('invalid_transition', `group ${groupId} is ${lc.state}: only a cleanly STOPPED group can be migrated (stop it first)`, { details: { groupId, state: lc.state } });
     }
     if (lc.stop?.clean !== true) {
-      throw new PreconditionFailed('unclean_stop', `group ${groupId} was stopped uncleanly: it can resume only on its host ${lc.hostId} (R-G2)`, { details: { groupId, hostId: lc.hostId } });
+      throw new PreconditionFailed('unclean_stop', `group ${groupId} was stopped uncleanly: it can resume only on its host ${lc.hostId}, never be migrated`, { details: { groupId, hostId: lc.hostId } });
     }
     if (g.evacuation !== undefined) {
       throw new PreconditionFailed('invalid_transition', `group ${groupId} is already being evacuated (${g.evacuation.source})`, { details: { groupId, source: g.evacuation.source } });
@@ -215,13 +220,13 @@ export class AdminOps {
     if (targetHostId !== undefined && targetHostId === lc.hostId) {
       throw new PreconditionFailed('invalid_transition', `group ${groupId} is already on ${targetHostId}`, { details: { groupId, hostId: targetHostId } });
     }
-    if (targetHostId !== undefined && (await this.ctx.repos.hosts.get(Keys.host(targetHostId))) === undefined) {
+    if (targetHostId !== undefined && (await this.ctx.hosts.get(targetHostId)) === undefined) {
       throw new NotFound('host_not_found', `host ${targetHostId} is not registered`, { details: { hostId: targetHostId } });
     }
 
     const record = await this.#ops.checkpoint(groupId);
-    const [hosts, groups] = await Promise.all([listHosts(this.ctx), listGroups(this.ctx)]);
-    const pool = candidates(hosts.map((h) => h.value), groups.map((e) => e.value));
+    await this.ctx.fleet.sync();
+    const pool = candidates(this.ctx.fleet);
     const need = { members: g.members.length, exclude: new Set([lc.hostId]), imageDigest: record.baseImageDigest, bridgeVersion: record.bridgeVersion };
     let target: HostCandidate | undefined;
     if (targetHostId !== undefined) {
@@ -274,6 +279,14 @@ export class AdminOps {
       if ((await this.controller.step(groupId)) !== 'progress') break;
     }
     const after = await this.getGroup(groupId);
+    if (after.state === 'LOST') {
+      // The move ended the group (its checkpoint refused by the target, every restore failed): say
+      // why, with the agent's own words, rather than answer as if it had moved.
+      const stored = (await this.#ops.get(groupId)).value;
+      throw new PreconditionFailed(after.lostReason ?? 'restore_failed', `group ${groupId} is LOST (${after.lostReason ?? 'unknown'}): ${stored.lostDetail ?? 'see its events'}`.slice(0, 1024), {
+        details: { groupId, lostReason: after.lostReason ?? '', checkpointId: record.checkpointId },
+      });
+    }
     return { group: after, checkpointId: record.checkpointId, targetHostId: after.state === 'MIGRATING' ? target.hostId : after.hostId, durationMs: this.ctx.now() - started };
   }
 
@@ -303,14 +316,14 @@ export class AdminOps {
   // ---- checkpoints ------------------------------------------------------------------------------
 
   async listCheckpoints(groupId: string | undefined): Promise<CheckpointDetail[]> {
-    const { entries } = groupId === undefined ? await this.ctx.repos.checkpoints.list() : await this.ctx.repos.checkpoints.list({ filter: Keys.checkpointsOf(groupId) });
-    const groups = new Map((await listGroups(this.ctx)).map((e) => [e.value.groupId, e.value]));
+    await this.ctx.fleet.sync();
+    const records = groupId === undefined ? [...this.ctx.fleet.checkpoints()].map((c) => c.record) : this.ctx.fleet.checkpointsOf(Keys.group(groupId));
+    const group = (id: string): GroupRecord | undefined => this.ctx.fleet.group(Keys.group(id))?.value;
     const now = this.ctx.now();
-    const records = entries.map((e) => e.value).filter((r) => groupId === undefined || r.groupId === groupId);
     records.sort((a, b) => (a.groupId < b.groupId ? -1 : a.groupId > b.groupId ? 1 : b.createdAtMs - a.createdAtMs));
     const out: CheckpointDetail[] = [];
     for (const r of records) {
-      const g = groups.get(r.groupId);
+      const g = group(r.groupId);
       const unusable =
         g === undefined || isTerminal(g) ? 'group_gone'
           : r.activityVersion !== g.lifecycle.activityVersion || r.createdAtMs < g.lifecycle.lastActivityAtMs || now - r.createdAtMs > this.ctx.config.checkpointMaxAgeMs ? 'stale_checkpoint'
@@ -328,12 +341,13 @@ export class AdminOps {
     if (hostIds.length > 0) {
       hosts = [];
       for (const id of hostIds.slice(0, MAX_VERIFY_HOSTS)) {
-        const h = await this.ctx.repos.hosts.get(Keys.host(id));
+        const h = await this.ctx.hosts.get(id);
         if (h === undefined) throw new NotFound('host_not_found', `host ${id} is not registered`, { details: { hostId: id } });
         hosts.push(h.value);
       }
     } else {
-      hosts = (await listHosts(this.ctx)).map((h) => h.value).filter((h) => h.lifecycle.state !== 'REMOVED').slice(0, MAX_VERIFY_HOSTS);
+      await this.ctx.fleet.sync();
+      hosts = [...this.ctx.fleet.hosts()].map((h) => h.value).filter((h) => h.lifecycle.state !== 'REMOVED').slice(0, MAX_VERIFY_HOSTS);
       hosts.sort((a, b) => (a.hostId < b.hostId ? -1 : 1));
     }
     const results: HostVerification[] = new Array<HostVerification>(hosts.length);
@@ -368,7 +382,7 @@ export class AdminOps {
     const bridgeOk = a.bridgeVersion === REQUIRED_BRIDGE_VERSION;
     if (!bridgeOk) mismatches.push(`bridge_version: ${a.bridgeVersion ?? 'unproven'}, expected ${REQUIRED_BRIDGE_VERSION}`);
 
-    const beat = (await this.ctx.repos.heartbeats.get(Keys.host(host.hostId)))?.value;
+    const beat = this.ctx.fleet.heartbeat(host.hostId);
     const current = beat !== undefined && beat.epoch === host.lifecycle.epoch;
     const heartbeatAgeMs = current ? Math.max(0, this.ctx.now() - beat.receivedAtMs) : -1;
     const heartbeatOk = heartbeatAgeMs >= 0 && heartbeatAgeMs <= this.ctx.config.heartbeatTtlMs;
@@ -418,7 +432,7 @@ export class AdminOps {
     const pending = this.probes.expect(host.hostId, nonce);
     const t0 = performance.now();
     try {
-      const res = await this.ctx.agents.send({ hostId: host.hostId, epoch: host.lifecycle.epoch, generation: 0 }, `probe-${nonce}`, { $case: 'probe', value: { nonce, callbackSubject: subject } }, 'probe', timeoutMs);
+      const res = await this.ctx.agents.send({ hostId: host.hostId, epoch: host.lifecycle.epoch, generation: 0 }, CommandIds.probe(nonce), { $case: 'probe', value: { nonce, callbackSubject: subject } }, 'probe', timeoutMs);
       const rtt = Math.round(performance.now() - t0);
       const echo = await Promise.race([pending.echo, new Promise<undefined>((r) => setTimeout(() => r(undefined), 0))]);
       if (res.nonce !== nonce) return failed('probe result carries another nonce', rtt);

@@ -20,13 +20,18 @@ export interface AgentTarget {
   readonly generation: number;
 }
 
-/** The agent answered REFUSED or FAILED: `reason` is its machine-readable reason. */
+/**
+ * The agent answered REFUSED or FAILED: `reason` is its machine-readable reason (AgentRefusalReason
+ * in wire/agent-protocol.ts, or `docker_<reason>`), `detail` the agent's own message, kept whole so
+ * it can travel into the event and the group record that report the failure.
+ */
 export class AgentCommandFailed extends Error {
   override readonly name = 'AgentCommandFailed';
   constructor(
     readonly outcome: 'refused' | 'failed',
     readonly reason: string,
     message: string,
+    readonly detail = '',
   ) {
     super(message);
   }
@@ -78,7 +83,7 @@ export class NatsAgentClient implements AgentPort {
     if (result.outcome !== CommandOutcome.OK) {
       const outcome = result.outcome === CommandOutcome.REFUSED ? 'refused' : 'failed';
       if (result.reason === 'stale_epoch' || result.reason === 'stale_generation') this.metrics.fencedReports.inc({ kind: 'command_refused' });
-      throw new AgentCommandFailed(outcome, result.reason || 'unspecified', `${body.$case} on ${target.hostId} ${outcome}: ${result.reason} ${result.message}`.slice(0, 1024));
+      throw new AgentCommandFailed(outcome, (result.reason || 'unspecified').slice(0, 128), `${body.$case} on ${target.hostId} ${outcome}: ${result.reason} ${result.message}`.slice(0, 1024), result.message.slice(0, 1024));
     }
     if (result.result?.$case !== expect) {
       throw new AgentCommandFailed('failed', 'unexpected_result', `${body.$case} on ${target.hostId} answered ${result.result?.$case ?? 'nothing'}`);

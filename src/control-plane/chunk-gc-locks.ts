@@ -12,7 +12,7 @@
 // command's (the agent writes no manifest after it), a sweep stops deleting before its own.
 import { Unavailable } from '../core/index.ts';
 import { CasConflictError } from '../store/errors.ts';
-import type { ControlPlaneContext } from './state.ts';
+import type { ControlPlaneDeps } from './state.ts';
 
 const SWEEP_KEY = 'sweep';
 /** One shared lock per checkpoint AND holder: two replicas repeating one checkpoint never release each other's. */
@@ -21,14 +21,14 @@ const sharedKey = (checkpointId: string, holder: string): string => `ckpt.${chec
 export const CLOCK_SKEW_MS = 5_000;
 
 export class ChunkGcLocks {
-  constructor(private readonly ctx: ControlPlaneContext) {}
+  constructor(private readonly ctx: Pick<ControlPlaneDeps, 'gcLocks' | 'replicaId' | 'now'>) {}
 
   /**
    * Announce a checkpoint whose agent command ends by `deadlineMs`. Throws Unavailable
    * `gc_in_progress` while a sweep runs (the caller retries; sweeps are short).
    */
   async beginCheckpoint(checkpointId: string, deadlineMs: number): Promise<void> {
-    const repo = this.ctx.repos.gcLocks;
+    const repo = this.ctx.gcLocks;
     await repo.mutate(sharedKey(checkpointId, this.ctx.replicaId), () => ({ holder: this.ctx.replicaId, deadlineMs: deadlineMs + CLOCK_SKEW_MS }));
     const sweep = await repo.get(SWEEP_KEY);
     if (sweep !== undefined && sweep.value.deadlineMs > this.ctx.now()) {
@@ -39,7 +39,7 @@ export class ChunkGcLocks {
 
   /** The checkpoint is indexed, or failed: its chunks are referenced by a manifest or free to sweep. */
   async endCheckpoint(checkpointId: string): Promise<void> {
-    const repo = this.ctx.repos.gcLocks;
+    const repo = this.ctx.gcLocks;
     const key = sharedKey(checkpointId, this.ctx.replicaId);
     const cur = await repo.get(key);
     if (cur === undefined) return;
@@ -54,7 +54,7 @@ export class ChunkGcLocks {
    * `inTime()` before every deletion and stop when it says false.
    */
   async trySweep<T>(budgetMs: number, sweep: (inTime: () => boolean) => Promise<T>): Promise<T | undefined> {
-    const repo = this.ctx.repos.gcLocks;
+    const repo = this.ctx.gcLocks;
     const deadlineMs = this.ctx.now() + budgetMs;
     const record = { holder: this.ctx.replicaId, deadlineMs };
     let revision: number;
@@ -68,6 +68,9 @@ export class ChunkGcLocks {
       throw err;
     }
     try {
+      // The locks of checkpoints in progress (bounded by concurrent checkpoints, not fleet size), read
+      // from the store itself under the sweep lock: the protocol needs the store's order, not a model's.
+      // eslint-disable-next-line no-restricted-syntax
       const { entries } = await repo.list({ filter: 'ckpt.>' });
       if (entries.some((e) => e.value.deadlineMs > this.ctx.now())) return undefined;
       // Stop a little before the deadline: a checkpoint may start the moment the lock expires.

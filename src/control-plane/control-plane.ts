@@ -1,8 +1,13 @@
-// The control-plane service, wired from its parts: host registry (any replica, queue group),
-// leader election, and — on the leader only — the liveness loop, the migration controller and
-// checkpoint retention. Exposes the RunnerBackend (for src/api's gRPC runner service) and the
-// operator façade `admin` (admin-ops.ts: queries, drain/remove/migrate/destroy, verify with the
-// reverse-probe responder, events) for the admin service. cmd/control-plane builds one of these.
+// The control-plane service, wired from its parts (the composition root of src/control-plane):
+// - the read model (fleet-state.ts), fed by KV watches and in-memory heartbeats, on every replica;
+// - the one writer per record kind (group-store.ts, hosts.ts HostStore, checkpoint-index.ts);
+// - the host registry (registrations and notices on any replica, heartbeats on all of them);
+// - leader election, and on the leader only two keyed reconcile queues fed by the read model's
+//   change notifications: hosts (liveness, lease drain, "drained and empty → REMOVED") and groups
+//   (evacuations and migrations, LOST retention), each key requeued at its own next deadline, plus
+//   a slow resync as a safety net and checkpoint GC/refresh every 30 passes.
+// Exposes the RunnerBackend (for src/api's gRPC runner service) and the operator façade `admin`
+// (admin-ops.ts) for the admin service. cmd/control-plane builds one of these.
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { ControlPlaneConfig } from '../config/control-plane.ts';
 import type { RunnerBackend } from '../core/runner-port.ts';
@@ -14,19 +19,23 @@ import type { StateStore } from '../store/connection.ts';
 import { AdminOps } from './admin-ops.ts';
 import { NatsAgentClient, type AgentPort } from './agent-client.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
+import { CheckpointIndex } from './checkpoint-index.ts';
 import { EventRecorder } from './events.ts';
 import { describeError } from './fleet.ts';
-import { HostLeasePolicySchema } from './hosts.ts';
+import { FleetState, hasControllerWork, isTerminal } from './fleet-state.ts';
+import { GroupStore } from './group-store.ts';
+import { HostLeasePolicySchema, HostStore } from './hosts.ts';
 import { HostRegistry, policyFrom } from './host-registry.ts';
+import { KeyedQueue } from './keyed-queue.ts';
 import { LeaderElector, type Elector } from './leader.ts';
 import { LivenessLoop } from './liveness-loop.ts';
 import { MigrationController, type StepHook } from './migration-controller.ts';
-import { LeadershipRecordSchema } from './records.ts';
+import { LeadershipRecordSchema, type GroupRecord, type HostRecord } from './records.ts';
 import { GroupOps } from './group-ops.ts';
 import { ManifestDigestCache, collectCheckpoints, refreshCheckpoints } from './retention.ts';
 import { ControlPlaneRunnerBackend } from './runner-backend.ts';
 import { ProbeResponder } from './reverse-probe.ts';
-import { openRepositories, type ControlPlaneContext } from './state.ts';
+import { Keys, openRepositories, type ControlPlaneDeps, type Repositories } from './state.ts';
 
 export interface ControlPlaneOptions {
   readonly config: ControlPlaneConfig;
@@ -43,14 +52,21 @@ export interface ControlPlaneOptions {
   /** Tests: replace the NATS agent client, and inject crash points into migration steps. */
   readonly agents?: AgentPort;
   readonly stepHook?: StepHook;
-  /** Run reconcile loops on a timer (default true); tests may drive `reconcileOnce()` instead. */
+  /** Run the leader's reconcile queues (default true); tests may drive `reconcileOnce()` instead. */
   readonly autoReconcile?: boolean;
   /** Leader election; default: the NATS KV lease (leader.ts). In-cluster: a Kubernetes Lease. */
   readonly elector?: Elector;
 }
 
+/** Host states whose groups must leave (the controller marks them for evacuation). */
+const GOING_AWAY = new Set<HostRecord['lifecycle']['state']>(['DRAINING', 'DEAD', 'REMOVED']);
+
 export class ControlPlane {
-  readonly ctx: ControlPlaneContext;
+  /** Every dependency (the composition root's bag; services get narrow Picks of it). */
+  readonly ctx: ControlPlaneDeps;
+  /** The raw buckets, for tests and benchmarks that plant or inspect records. */
+  readonly repos: Repositories;
+  readonly fleet: FleetState;
   readonly runner: RunnerBackend;
   readonly registry: HostRegistry;
   readonly controller: MigrationController;
@@ -59,10 +75,14 @@ export class ControlPlane {
   /** Operator queries and commands (the admin service's backend). */
   readonly admin: AdminOps;
   readonly probes: ProbeResponder;
+  readonly #hostQueue: KeyedQueue;
+  readonly #groupQueue: KeyedQueue;
   #timer: NodeJS.Timeout | undefined;
   #running: Promise<void> | undefined;
   #stopped = false;
+  #leading = false;
   #passes = 0;
+  #lastResyncMs = 0;
   /** Parsed manifests' chunk digests, kept across GC passes (manifests are write-once). */
   readonly #manifestDigests = new ManifestDigestCache();
   readonly #groupOps: GroupOps;
@@ -72,18 +92,28 @@ export class ControlPlane {
     const now = opts.now ?? Date.now;
     const repos = openRepositories(opts.store);
     const logger = opts.logger.child({ component: 'control-plane', replica: opts.replicaId });
+    const events = new EventRecorder(opts.store.events, `control-plane/${opts.replicaId}`, logger, now);
+    this.repos = repos;
+    this.fleet = new FleetState({ hosts: repos.hosts, groups: repos.groups.parts, checkpoints: repos.checkpoints }, logger, opts.metrics);
     this.ctx = {
       config: opts.config,
-      repos,
+      fleet: this.fleet,
+      groups: new GroupStore({ repo: repos.groups, events, metrics: opts.metrics, now }),
+      hosts: new HostStore({ repo: repos.hosts, events, now }),
+      checkpoints: new CheckpointIndex(repos.checkpoints),
+      conversations: repos.conversations,
+      idempotency: repos.idempotency,
+      gcLocks: repos.gcLocks,
       chunks: opts.chunks,
       agents: opts.agents ?? new NatsAgentClient(opts.nc, opts.metrics, now, opts.config.agentCommandTimeoutMs),
-      events: new EventRecorder(opts.store.events, `control-plane/${opts.replicaId}`, logger, now),
+      events,
       metrics: opts.metrics,
       logger,
       now,
       apiSha: opts.apiSha,
       replicaId: opts.replicaId,
     };
+    this.leader = opts.elector ?? new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
     this.runner = new ControlPlaneRunnerBackend(this.ctx);
     this.#groupOps = new GroupOps(this.ctx);
     const policy = policyFrom(this.ctx, opts.buildSha);
@@ -92,11 +122,29 @@ export class ControlPlane {
     this.probes = new ProbeResponder(opts.nc, opts.replicaId, now, logger);
     this.admin = new AdminOps(this.ctx, opts.store, policy, this.controller, this.probes, opts.buildSha);
     this.liveness = new LivenessLoop(this.ctx);
-    this.leader = opts.elector ?? new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
+    opts.metrics.setHeartbeatAgeSource(() => this.liveness.heartbeatAges());
+
+    const onError = (queue: string) => (key: string, err: unknown) => {
+      opts.metrics.reconciles.inc({ queue, result: 'error' });
+      logger.warn({ key, queue, ...describeError(err) }, 'reconcile failed; retried with backoff');
+    };
+    this.#hostQueue = new KeyedQueue(async (hostId) => {
+      opts.metrics.reconciles.inc({ queue: 'hosts', result: 'ok' });
+      const next = await this.liveness.reconcileHost(hostId);
+      await this.controller.reconcileDrainingHost(hostId);
+      return next;
+    }, { concurrency: 8, onError: onError('hosts'), now });
+    this.#groupQueue = new KeyedQueue(async (groupId) => {
+      opts.metrics.reconciles.inc({ queue: 'groups', result: 'ok' });
+      return this.controller.reconcileGroup(groupId);
+    }, { concurrency: opts.config.migrationParallelism, onError: onError('groups'), now });
+    this.fleet.onHostChange((_key, before, after) => this.#hostChanged(before, after));
+    this.fleet.onGroupChange((_key, before, after) => this.#groupChanged(before, after));
   }
 
-  /** Serve registrations/heartbeats and start the leader loop. */
-  start(): void {
+  /** Follow the store into the read model, serve registrations/heartbeats, start the leader loop. */
+  async start(): Promise<void> {
+    await this.fleet.start();
     this.registry.start(this.opts.nc);
     this.probes.start();
     void (async () => {
@@ -108,6 +156,55 @@ export class ControlPlane {
     if (this.opts.autoReconcile ?? true) this.#schedule();
   }
 
+  // ---- change notifications → keys ------------------------------------------------------------
+
+  #hostChanged(before: HostRecord | undefined, after: HostRecord | undefined): void {
+    if (!this.#leading) return;
+    const host = after ?? before;
+    if (host === undefined) return;
+    this.#hostQueue.add(host.hostId);
+    // A host that starts going away: each of its groups gets its evacuation mark.
+    if (after !== undefined && GOING_AWAY.has(after.lifecycle.state) && before?.lifecycle.state !== after.lifecycle.state) this.#enqueueGroupsOn(after.hostId);
+  }
+
+  #groupChanged(before: GroupRecord | undefined, after: GroupRecord | undefined): void {
+    if (!this.#leading) return;
+    if (after !== undefined && this.#needsController(after)) this.#groupQueue.add(after.groupId);
+    // A group leaving a draining host may leave it empty (→ REMOVED).
+    const left = before?.lifecycle.hostId;
+    if (left !== undefined && (after === undefined || isTerminal(after) || after.lifecycle.hostId !== left || after.lifecycle.migration === undefined && before?.lifecycle.migration !== undefined)) this.#hostQueue.add(left);
+    const target = before?.lifecycle.migration?.targetHostId;
+    if (target !== undefined && after?.lifecycle.migration?.targetHostId !== target) this.#hostQueue.add(target);
+  }
+
+  #needsController(g: GroupRecord): boolean {
+    if (hasControllerWork(g)) return true;
+    if (isTerminal(g)) return false;
+    const host = this.fleet.host(Keys.host(g.lifecycle.hostId))?.value;
+    return host !== undefined && GOING_AWAY.has(host.lifecycle.state);
+  }
+
+  #enqueueGroupsOn(hostId: string): void {
+    for (const key of this.fleet.groupKeysOnHost(hostId)) {
+      const g = this.fleet.group(key)?.value;
+      if (g !== undefined) this.#groupQueue.add(g.groupId);
+    }
+  }
+
+  /** Every key with possible work: all hosts, groups with controller work, groups on departing hosts. */
+  #enqueueAll(): void {
+    for (const { value: h } of this.fleet.hosts()) {
+      this.#hostQueue.add(h.hostId);
+      if (GOING_AWAY.has(h.lifecycle.state)) this.#enqueueGroupsOn(h.hostId);
+    }
+    for (const key of this.fleet.groupKeysWithWork()) {
+      const g = this.fleet.group(key)?.value;
+      if (g !== undefined) this.#groupQueue.add(g.groupId);
+    }
+  }
+
+  // ---- the leader loop --------------------------------------------------------------------------
+
   #schedule(): void {
     if (this.#stopped) return;
     this.#timer = setTimeout(() => {
@@ -116,42 +213,118 @@ export class ControlPlane {
   }
 
   async #pass(): Promise<void> {
-    const wasLeader = this.leader.isLeader;
     const leads = await this.leader.tick();
     if (!leads) {
-      // Leader-only gauges would freeze here while the new leader exports fresh ones (read with max()).
-      if (wasLeader) this.ctx.metrics.leadershipLost();
+      if (this.#leading) this.#loseLeadership();
       return;
     }
-    if (!wasLeader) this.liveness.reset();
-    await this.reconcileOnce();
+    if (!this.#leading) {
+      // A new leader has observed nothing yet (stall guard), and starts from a complete model.
+      this.liveness.reset();
+      try {
+        await this.fleet.sync();
+      } catch (err) {
+        this.ctx.logger.warn(describeError(err), 'read model not caught up; leading from the next pass');
+        return;
+      }
+      this.#leading = true;
+      this.#hostQueue.start();
+      this.#groupQueue.start();
+      this.#lastResyncMs = this.ctx.now();
+      this.#enqueueAll();
+    }
+    this.liveness.observeTick();
+    if (this.ctx.now() - this.#lastResyncMs >= this.opts.config.resyncIntervalMs) {
+      this.#lastResyncMs = this.ctx.now();
+      this.#enqueueAll();
+    }
+    this.#gauges();
+    await this.#periodic();
   }
 
-  /** One leader pass: liveness/leases, migrations, and (every 30th pass) checkpoint GC and refreshes. */
+  #loseLeadership(): void {
+    this.#leading = false;
+    this.#hostQueue.stop();
+    this.#groupQueue.stop();
+    // Leader-only gauges would freeze here while the new leader exports fresh ones (read with max()).
+    this.ctx.metrics.leadershipLost();
+  }
+
+  #gauges(): void {
+    const { metrics } = this.ctx;
+    for (const s of ['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']) metrics.hosts.set({ state: s }, this.fleet.hostCountsByState().get(s) ?? 0);
+    for (const s of ['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']) metrics.groups.set({ state: s }, this.fleet.groupCountsByState().get(s) ?? 0);
+    metrics.reconcileQueueDepth.set({ queue: 'hosts' }, this.#hostQueue.depth);
+    metrics.reconcileQueueDepth.set({ queue: 'groups' }, this.#groupQueue.depth);
+    metrics.readModelRecords.set({ bucket: 'groups', validity: 'valid' }, this.fleet.groupCount());
+    metrics.readModelRecords.set({ bucket: 'groups', validity: 'invalid' }, this.fleet.invalidGroupCount());
+    metrics.readModelRecords.set({ bucket: 'checkpoints', validity: 'valid' }, this.fleet.checkpointCount());
+    metrics.readModelRecords.set({ bucket: 'checkpoints', validity: 'invalid' }, this.fleet.invalidCheckpointCount());
+  }
+
+  /** Every 30th pass: checkpoint GC (every tenth of those a full sweep) and idle-checkpoint refreshes. */
+  async #periodic(): Promise<void> {
+    if (this.#passes++ % 30 !== 0) return;
+    try {
+      // Every tenth pass also sweeps chunks of checkpoints that never wrote a manifest.
+      await collectCheckpoints(this.ctx, this.#manifestDigests, { fullSweep: this.#passes % 300 === 1 });
+    } catch (err) {
+      this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
+    }
+    // Refreshes take whole checkpoints (up to an agent command timeout each): they run beside the
+    // loop, one batch at a time, so liveness, lease renewal and evacuations never wait for them.
+    this.#refreshing ??= refreshCheckpoints(this.ctx, this.#groupOps, () => !this.#stopped && this.leader.isLeader)
+      .catch((err: unknown) => this.ctx.logger.warn(describeError(err), 'checkpoint refresh pass failed'))
+      .finally(() => { this.#refreshing = undefined; });
+  }
+
+  /**
+   * One full pass, synchronously, without the queues (tests and benchmarks drive this): the model
+   * brought up to date, every host judged, every group with work (or on a departing host) advanced,
+   * drained-and-empty hosts removed, and (every 30th call) GC and refreshes.
+   */
   async reconcileOnce(): Promise<void> {
+    await this.fleet.sync();
+    this.liveness.observeTick();
     try {
       await this.liveness.tick();
     } catch (err) {
       this.ctx.logger.warn(describeError(err), 'liveness pass failed');
     }
-    try {
-      await this.controller.reconcile();
-    } catch (err) {
-      this.ctx.logger.warn(describeError(err), 'migration pass failed');
+    await this.fleet.sync();
+    const groupIds = new Set<string>();
+    for (const key of this.fleet.groupKeysWithWork()) {
+      const g = this.fleet.group(key)?.value;
+      if (g !== undefined) groupIds.add(g.groupId);
     }
-    if (this.#passes++ % 30 === 0) {
-      try {
-        // Every tenth pass also sweeps chunks of checkpoints that never wrote a manifest.
-        await collectCheckpoints(this.ctx, this.#manifestDigests, { fullSweep: this.#passes % 300 === 1 });
-      } catch (err) {
-        this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
+    for (const { value: h } of this.fleet.hosts()) {
+      if (!GOING_AWAY.has(h.lifecycle.state)) continue;
+      for (const key of this.fleet.groupKeysOnHost(h.hostId)) {
+        const g = this.fleet.group(key)?.value;
+        if (g !== undefined) groupIds.add(g.groupId);
       }
-      // Refreshes take whole checkpoints (up to an agent command timeout each): they run beside the
-      // pass, one batch at a time, so liveness, lease renewal and evacuations never wait for them.
-      this.#refreshing ??= refreshCheckpoints(this.ctx, this.#groupOps, () => !this.#stopped && this.leader.isLeader)
-        .catch((err: unknown) => this.ctx.logger.warn(describeError(err), 'checkpoint refresh pass failed'))
-        .finally(() => { this.#refreshing = undefined; });
     }
+    const queue = [...groupIds];
+    const worker = async (): Promise<void> => {
+      for (let id = queue.shift(); id !== undefined; id = queue.shift()) await this.controller.reconcileGroup(id);
+    };
+    await Promise.all(Array.from({ length: this.opts.config.migrationParallelism }, worker));
+    await this.fleet.sync();
+    for (const { value: h } of [...this.fleet.hosts()]) {
+      if (h.lifecycle.state !== 'DRAINING') continue;
+      try {
+        await this.controller.reconcileDrainingHost(h.hostId);
+      } catch (err) {
+        this.ctx.logger.warn({ hostId: h.hostId, ...describeError(err) }, 'drained-host check failed');
+      }
+    }
+    this.#gauges();
+    await this.#periodic();
+  }
+
+  /** Wait until both reconcile queues have nothing ready or running (tests). */
+  async whenIdle(): Promise<void> {
+    await Promise.all([this.#hostQueue.whenIdle(), this.#groupQueue.whenIdle()]);
   }
 
   /** Operator drain (R-H5): the host's groups are stopped cleanly, checkpointed and moved. */
@@ -168,9 +341,13 @@ export class ControlPlane {
     this.#stopped = true;
     if (this.#timer) clearTimeout(this.#timer);
     await this.#running?.catch(() => undefined);
+    this.#hostQueue.stop();
+    this.#groupQueue.stop();
+    await this.whenIdle();
     await this.#refreshing;
     this.probes.stop();
     await this.registry.stop();
+    this.fleet.stop();
     await this.leader.resign();
   }
 }

@@ -4,19 +4,16 @@
 // the controller for hosts going away, and by GroupOps when a host no longer has a group's
 // containers (its writable layers are gone, like a lost Docker data dir, for that group only).
 import type { RemovalSource } from '../core/index.ts';
-import { isTerminal } from './fleet.ts';
+import { isTerminal } from './fleet-state.ts';
 import type { Evacuation } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import type { ControlPlaneDeps } from './state.ts';
 
 /** Mark `groupId` (still on `sourceHostId`) for evacuation; true when this call marked it. */
-export async function markEvacuation(ctx: ControlPlaneContext, groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<boolean> {
+export async function markEvacuation(ctx: Pick<ControlPlaneDeps, 'groups' | 'config' | 'now'>, groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<boolean> {
   const now = ctx.now();
-  let marked = false;
-  await ctx.repos.groups.mutate(Keys.group(groupId), (g) => {
-    marked = false;
+  const { after } = await ctx.groups.transact(groupId, (g) => {
     if (g === undefined || isTerminal(g) || g.lifecycle.hostId !== sourceHostId) return undefined;
     if (g.evacuation?.kind === 'unplanned' || g.evacuation?.kind === kind) return undefined;
-    marked = true;
     const evacuation: Evacuation = {
       kind,
       source,
@@ -26,10 +23,10 @@ export async function markEvacuation(ctx: ControlPlaneContext, groupId: string, 
       attempts: g.evacuation?.attempts ?? 0,
       triedHostIds: g.evacuation?.triedHostIds ?? [],
     };
-    return { ...g, evacuation, updatedAtMs: now };
+    return {
+      record: { ...g, evacuation, updatedAtMs: now },
+      events: [{ type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } }],
+    };
   });
-  if (marked) {
-    await ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } });
-  }
-  return marked;
+  return after !== undefined;
 }

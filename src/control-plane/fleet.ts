@@ -1,50 +1,26 @@
-// Snapshots of the fleet for decisions: host candidates with their load, groups by host. Load is
-// counted from the group records (the source of truth), not from agent reports, so a placement
-// decided a moment ago is already counted.
+// Placement candidates read from the fleet's read model, and the log-and-continue error summary of
+// control loops. Load is counted from the group records (the source of truth), not from agent
+// reports, so a placement decided a moment ago is already counted once its write reached the model.
 import { isFleetError } from '../core/index.ts';
+import type { FleetState } from './fleet-state.ts';
 import type { HostCandidate } from './placement.ts';
-import type { GroupRecord, HostRecord } from './records.ts';
-import type { ControlPlaneContext } from './state.ts';
-import type { KeyedVersioned } from '../store/kv-repository.ts';
 
-export function isTerminal(g: GroupRecord): boolean {
-  return g.lifecycle.state === 'LOST' || g.lifecycle.state === 'DESTROYED';
-}
+export { isTerminal } from './fleet-state.ts';
 
-export async function listHosts(ctx: ControlPlaneContext): Promise<KeyedVersioned<HostRecord>[]> {
-  const { entries, invalid } = await ctx.repos.hosts.list();
-  for (const e of invalid) ctx.logger.error({ err: e }, 'invalid host record skipped');
-  return entries;
-}
-
-export async function listGroups(ctx: ControlPlaneContext): Promise<KeyedVersioned<GroupRecord>[]> {
-  const { entries, invalid } = await ctx.repos.groups.list();
-  for (const e of invalid) ctx.logger.error({ err: e }, 'invalid group record skipped');
-  return entries;
-}
-
-/** Members each host holds or is about to hold (a migration target counts too). */
-export function memberLoad(groups: readonly GroupRecord[]): Map<string, number> {
-  const load = new Map<string, number>();
-  const add = (hostId: string, n: number) => load.set(hostId, (load.get(hostId) ?? 0) + n);
-  for (const g of groups) {
-    if (isTerminal(g)) continue;
-    add(g.lifecycle.hostId, g.members.length);
-    if (g.lifecycle.migration) add(g.lifecycle.migration.targetHostId, g.members.length);
+/** Every registered host as a placement candidate, with the members placed on or moving to it. */
+export function candidates(fleet: FleetState): HostCandidate[] {
+  const out: HostCandidate[] = [];
+  for (const { value: h } of fleet.hosts()) {
+    out.push({
+      hostId: h.hostId,
+      lifecycle: h.lifecycle,
+      maxMembers: h.maxMembers,
+      usedMembers: fleet.memberLoad(h.hostId),
+      imageDigest: h.attestation.imageDigest,
+      bridgeVersion: h.attestation.bridgeVersion,
+    });
   }
-  return load;
-}
-
-export function candidates(hosts: readonly HostRecord[], groups: readonly GroupRecord[]): HostCandidate[] {
-  const load = memberLoad(groups);
-  return hosts.map((h) => ({
-    hostId: h.hostId,
-    lifecycle: h.lifecycle,
-    maxMembers: h.maxMembers,
-    usedMembers: load.get(h.hostId) ?? 0,
-    imageDigest: h.attestation.imageDigest,
-    bridgeVersion: h.attestation.bridgeVersion,
-  }));
+  return out;
 }
 
 /** Log-and-continue for reconcile loops: one failing item must not stop the others. */

@@ -5,7 +5,6 @@
 // began; the lifecycle changes only through core's transitionGroup.
 import { createHash } from 'node:crypto';
 import {
-  NotFound,
   Unavailable,
   decideStopCleanliness,
   markMemberLost,
@@ -19,13 +18,18 @@ import {
 import type { CleanStopEvidence } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
 import type { Versioned } from '../store/kv-repository.ts';
+import { CommandIds } from '../wire/agent-protocol.ts';
+import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
 import { readManifest, recordFromManifest } from './checkpoints.ts';
 import { markEvacuation } from './evacuations.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
-import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
+import { lifecycleEvent } from './group-store.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import { Keys, type ControlPlaneDeps } from './state.ts';
+
+/** What group operations use. */
+export type GroupOpsDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'groups' | 'hosts' | 'checkpoints' | 'chunks' | 'agents' | 'gcLocks' | 'events' | 'metrics' | 'logger' | 'now' | 'replicaId'>;
 
 /**
  * Deterministic checkpoint id for a group's state (one checkpoint per clean-stopped version), and
@@ -38,17 +42,19 @@ export function checkpointIdFor(groupId: string, generation: number, activityVer
 }
 
 export class GroupOps {
-  constructor(private readonly ctx: ControlPlaneContext) {}
+  constructor(private readonly ctx: GroupOpsDeps) {}
 
-  async get(groupId: string): Promise<Versioned<GroupRecord>> {
-    const g = await this.ctx.repos.groups.get(Keys.group(groupId));
-    if (g === undefined) throw new NotFound('group_not_found', `group ${groupId} not found`, { details: { groupId } });
-    return g;
+  /** The stored record, read fresh (NOT_FOUND when absent). */
+  get(groupId: string): Promise<Versioned<GroupRecord>> {
+    return this.ctx.groups.require(groupId);
   }
 
-  /** The fencing tokens for a command to `hostId` about a group at `generation` (R-H6). */
+  /**
+   * The fencing tokens for a command to `hostId` about a group at `generation` (R-H6). The epoch is
+   * read from the store, never from the read model: a command must carry the host's current epoch.
+   */
   async target(hostId: string, generation: number): Promise<AgentTarget> {
-    const host = await this.ctx.repos.hosts.get(Keys.host(hostId));
+    const host = await this.ctx.hosts.get(hostId);
     const state = host?.value.lifecycle.state;
     if (host === undefined || state === 'DEAD' || state === 'REMOVED' || state === 'UNATTESTED' || state === 'REGISTERING') {
       throw new Unavailable('host_unreachable', `host ${hostId} cannot take commands (${state ?? 'unknown'})`, { details: { hostId, state: state ?? 'unknown' } });
@@ -62,31 +68,15 @@ export class GroupOps {
    */
   async transition(groupId: string, event: GroupEvent, why: string, guard: (g: GroupRecord) => boolean, patch: (g: GroupRecord) => Partial<GroupRecord> = () => ({})): Promise<GroupRecord | undefined> {
     const now = this.ctx.now();
-    let before: GroupRecord | undefined;
-    let after: GroupRecord | undefined;
-    await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
-      before = current;
-      after = undefined;
+    const { after } = await this.ctx.groups.transact(groupId, (current) => {
       if (current === undefined || !guard(current)) return undefined;
       const next = transitionGroup(current.lifecycle, event, now);
       if (!next.ok) return undefined;
-      after = { ...current, ...patch(current), lifecycle: next.value, updatedAtMs: now };
-      return after;
+      const record: GroupRecord = { ...current, ...patch(current), lifecycle: next.value, updatedAtMs: now };
+      // R-R1: a LOST is never silent — the event carries the reason (the store counts the metric).
+      return { record, events: [lifecycleEvent(event.type, current, record, why, record.lostDetail !== undefined && record.lifecycle.state === 'LOST' ? { detail: record.lostDetail } : {})] };
     });
-    if (after !== undefined && before !== undefined) {
-      const lost = after.lifecycle.state === 'LOST' && before.lifecycle.state !== 'LOST';
-      if (lost) {
-        // R-R1: LOST is never silent — metric per member session, and an event with the reason.
-        const reason = after.lifecycle.lostReason ?? 'operator_declared';
-        this.ctx.metrics.lostSessions.inc({ reason }, after.members.length);
-      }
-      await this.ctx.events.record({
-        subjectKind: 'group', subjectId: groupId, type: `group_${event.type}`, fromState: before.lifecycle.state, toState: after.lifecycle.state,
-        reason: after.lifecycle.lostReason ?? why, version: `${after.lifecycle.generation}:${after.lifecycle.activityVersion}:${after.stops}:${after.starts}:${after.lifecycle.state}`,
-        detail: { hostId: after.lifecycle.hostId, generation: after.lifecycle.generation, why: why.slice(0, 200), ...(after.lifecycle.migration ? { targetHostId: after.lifecycle.migration.targetHostId, checkpointId: after.lifecycle.migration.checkpointId } : {}) },
-      });
-    }
-    return after;
+    return after?.value;
   }
 
   /** Declare the group LOST with `reason` (R-G6); its members' sessions become LOST too. */
@@ -94,6 +84,7 @@ export class GroupOps {
     return this.transition(groupId, { type: 'lost', reason }, why, (g) => g.lifecycle.state !== 'LOST' && g.lifecycle.state !== 'DESTROYED', (g) => ({
       members: g.members.map((m) => ({ ...m, session: markMemberLost(m.session, 'group_lost') })),
       evacuation: undefined,
+      lostDetail: why.slice(0, 1024),
     }));
   }
 
@@ -107,7 +98,7 @@ export class GroupOps {
     const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
     let res: { containerIds: Record<string, string> };
     try {
-      res = await this.ctx.agents.send(target, `start-${groupId}-g${g.lifecycle.generation}-n${g.starts}`, { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup');
+      res = await this.ctx.agents.send(target, CommandIds.start(groupId, g.lifecycle.generation, g.starts), { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup');
     } catch (err) {
       if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
       throw err;
@@ -121,7 +112,7 @@ export class GroupOps {
     if (started !== undefined) return started;
     const now = (await this.get(groupId)).value;
     if (now.lifecycle.state === 'RUNNING') return now;
-    throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(groupId), 0);
+    throw new CasConflictError(this.ctx.groups.bucket, Keys.group(groupId), 0);
   }
 
   /** Stop cleanly if possible (R-G2). Returns the record after the stop (STOPPED clean or unclean). */
@@ -134,7 +125,7 @@ export class GroupOps {
     const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
     let res: { evidence?: CleanStopEvidence | undefined };
     try {
-      res = await this.ctx.agents.send(target, `stop-${groupId}-g${g.lifecycle.generation}-n${g.stops}`, { $case: 'stopGroup', value: { groupId, graceMs } }, 'stopGroup');
+      res = await this.ctx.agents.send(target, CommandIds.stop(groupId, g.lifecycle.generation, g.stops), { $case: 'stopGroup', value: { groupId, graceMs } }, 'stopGroup');
     } catch (err) {
       if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
       throw err;
@@ -146,11 +137,7 @@ export class GroupOps {
   async #applyVerdict(groupId: string, started: GroupRecord, evidence: CleanStopEvidence | undefined, graceMs: number): Promise<GroupRecord> {
     const now = this.ctx.now();
     const stoppedAt = evidence?.stoppedAtUnixMs || now;
-    let out: GroupRecord | undefined;
-    let prior: GroupRecord | undefined;
-    await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
-      out = undefined;
-      prior = current;
+    const { after } = await this.ctx.groups.transact(groupId, (current) => {
       if (current === undefined || current.lifecycle.state !== 'STOPPING' || current.stops !== started.stops || current.lifecycle.generation !== started.lifecycle.generation) return undefined;
       const members: MemberStopEvidence[] = (evidence?.members ?? []).map((e) => ({
         memberId: e.memberId,
@@ -166,7 +153,7 @@ export class GroupOps {
       const verdict = decideStopCleanliness({ graceMs, memberIds: current.members.map((m) => m.session.memberId), members });
       const next = transitionGroup(current.lifecycle, { type: 'stopped', verdict }, now);
       if (!next.ok) return undefined;
-      out = {
+      const record: GroupRecord = {
         ...current,
         lifecycle: next.value,
         members: current.members.map((m) => ({ ...m, session: onContainerStopped(m.session), turnProcess: undefined })),
@@ -177,21 +164,21 @@ export class GroupOps {
         } : undefined,
         updatedAtMs: now,
       };
-      return out;
+      return {
+        record,
+        events: [{
+          type: 'group_stopped', fromState: current.lifecycle.state, toState: record.lifecycle.state,
+          reason: verdict.clean ? 'clean' : 'unclean', version: `${record.lifecycle.generation}:${record.stops}:stopped`,
+          detail: { hostId: record.lifecycle.hostId, findings: !verdict.clean ? verdict.findings.slice(0, 32).map((f) => `${f.memberId}:${f.reason}`) : [] },
+        }],
+      };
     });
-    if (out === undefined) {
+    if (after === undefined) {
       const cur = (await this.get(groupId)).value;
-      if (cur.lifecycle.state === 'STOPPING') throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(groupId), 0);
+      if (cur.lifecycle.state === 'STOPPING') throw new CasConflictError(this.ctx.groups.bucket, Keys.group(groupId), 0);
       return cur;
     }
-    const result: GroupRecord = out;
-    const verdict = result.lifecycle.stop;
-    await this.ctx.events.record({
-      subjectKind: 'group', subjectId: groupId, type: 'group_stopped', fromState: prior?.lifecycle.state, toState: result.lifecycle.state,
-      reason: verdict?.clean ? 'clean' : 'unclean', version: `${result.lifecycle.generation}:${result.stops}:stopped`,
-      detail: { hostId: result.lifecycle.hostId, findings: verdict && !verdict.clean ? verdict.findings.slice(0, 32).map((f) => `${f.memberId}:${f.reason}`) : [] },
-    });
-    return result;
+    return after.value;
   }
 
   /**
@@ -209,12 +196,10 @@ export class GroupOps {
     if (refresh === undefined && g.latestCheckpointId !== undefined && g.latestCheckpointId !== checkpointId) {
       // A refresh (or the previous placement's checkpoint) of this very state is the latest: it is at
       // least as new as this state's first checkpoint, so latest never moves back to an older one.
-      const latest = (await this.ctx.repos.checkpoints.get(Keys.checkpoint(groupId, g.latestCheckpointId)))?.value;
+      const latest = await this.ctx.checkpoints.get(groupId, g.latestCheckpointId);
       if (latest !== undefined && latest.activityVersion === lc.activityVersion && latest.createdAtMs >= lc.lastActivityAtMs) return latest;
     }
-    const key = Keys.checkpoint(groupId, checkpointId);
-    const existing = await this.ctx.repos.checkpoints.get(key);
-    let record = existing?.value;
+    let record = await this.ctx.checkpoints.get(groupId, checkpointId);
     if (record === undefined) {
       const t0 = this.ctx.now();
       const target = await this.target(lc.hostId, lc.generation);
@@ -222,26 +207,26 @@ export class GroupOps {
       const locks = new ChunkGcLocks(this.ctx);
       await locks.beginCheckpoint(checkpointId, t0 + this.ctx.config.agentCommandTimeoutMs);
       try {
-        record = await this.#takeCheckpoint(g, target, checkpointId, key, t0, refresh === undefined ? 'clean stop' : 'refresh');
+        record = await this.#takeCheckpoint(g, target, checkpointId, t0, refresh === undefined ? 'clean stop' : 'refresh');
       } finally {
         await locks.endCheckpoint(checkpointId).catch((err: unknown) => this.ctx.logger.warn({ checkpointId, err }, 'releasing the checkpoint GC lock failed; it expires at its deadline'));
       }
     }
-    await this.ctx.repos.groups.mutate(Keys.group(groupId), (current) => {
+    await this.ctx.groups.transact(groupId, (current) => {
       if (current === undefined || current.latestCheckpointId === checkpointId) return undefined;
       if (current.lifecycle.generation !== lc.generation || current.lifecycle.activityVersion !== lc.activityVersion) return undefined;
-      return { ...current, latestCheckpointId: checkpointId, updatedAtMs: this.ctx.now() };
+      return { record: { ...current, latestCheckpointId: checkpointId, updatedAtMs: this.ctx.now() } };
     });
     return record;
   }
 
   /** Command the agent to capture the group's layers, then index the manifest it wrote (R-G3). */
-  async #takeCheckpoint(g: GroupRecord, target: AgentTarget, checkpointId: string, key: string, t0: number, why: 'clean stop' | 'refresh'): Promise<CheckpointRecord> {
+  async #takeCheckpoint(g: GroupRecord, target: AgentTarget, checkpointId: string, t0: number, why: 'clean stop' | 'refresh'): Promise<CheckpointRecord> {
     const groupId = g.groupId;
     const lc = g.lifecycle;
     const stop = g.lastCleanStop;
     try {
-      await this.ctx.agents.send(target, `checkpoint-${checkpointId}`, {
+      await this.ctx.agents.send(target, CommandIds.checkpoint(checkpointId), {
         $case: 'checkpoint',
         value: {
           groupId,
@@ -270,11 +255,7 @@ export class GroupOps {
     const manifest = await readManifest(this.ctx.chunks, lc.hostId, groupId, checkpointId);
     if (manifest === undefined) throw new Unavailable('host_unreachable', `checkpoint ${checkpointId} has no manifest after the agent reported it`, { details: { groupId, checkpointId } });
     const record = recordFromManifest(manifest, lc.activityVersion);
-    try {
-      await this.ctx.repos.checkpoints.create(key, record);
-    } catch (err) {
-      if (!(err instanceof CasConflictError)) throw err;
-    }
+    await this.ctx.checkpoints.create(record);
     this.ctx.metrics.checkpointBytes.inc({ kind: 'layer' }, record.totalBytes);
     this.ctx.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.ctx.now() - t0) / 1000);
     await this.ctx.events.record({
@@ -304,9 +285,9 @@ export class GroupOps {
   async deleteOn(hostId: string, groupId: string, generation: number, reason: string): Promise<void> {
     try {
       const target = await this.target(hostId, generation);
-      await this.ctx.agents.send(target, `delete-${groupId}-g${generation}-${hostId}-${reason}`, { $case: 'deleteGroup', value: { groupId, reason } }, 'deleteGroup', 30_000);
+      await this.ctx.agents.send(target, CommandIds.delete(groupId, generation, hostId, reason), { $case: 'deleteGroup', value: { groupId, reason } }, 'deleteGroup', 30_000);
     } catch (err) {
-      this.ctx.logger.warn({ err, hostId, groupId, reason }, 'delete on host failed; the agent removes non-owned groups when it re-registers');
+      this.ctx.logger.warn({ err, hostId, groupId, reason }, 'delete on host failed; the host deletes this copy when it re-registers (the record proves it is not needed)');
     }
   }
 }

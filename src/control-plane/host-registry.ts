@@ -1,8 +1,20 @@
 // Host registry (R-H1..R-H6): answers agent registrations (new epoch every time, attestation by
-// core policy, READY only on a full match), accepts heartbeats and notices fenced by epoch (stale
-// ones are counted and dropped), and turns reclaim notices and "Docker data dir lost" reports into
-// host events by one core rule (host-notice.ts: data loss is DEAD at once, a notice is a drain).
-// Any replica may serve these (NATS queue group): every write is compare-and-set.
+// core policy, READY only on a full match), accepts heartbeats and notices fenced by epoch, and
+// turns reclaim notices and "Docker data dir lost" reports into host events by one core rule
+// (host-notice.ts: data loss is DEAD at once, a notice is a drain). Registrations and notices go
+// to any one replica (NATS queue group); every write is compare-and-set.
+// Heartbeats go to EVERY replica and live in memory (the read model, fleet-state.ts): a heartbeat
+// costs a decode and a map update, and writes only what changes the host's state (a SUSPECT host
+// heard again, a lease renewal due, a notice not yet applied). Replicas may race on such a write;
+// each is a compare-and-set that re-checks the need inside, so the loser writes nothing. Nomad
+// keeps heartbeat TTLs in memory for the same reason: 1,000 hosts beating every 2 s would otherwise
+// be 500 fsynced writes a second that say nothing new.
+// A fenced report (an epoch that is not the host's live one: a zombie back from a freeze or a
+// partition) is counted, recorded as an event and answered with a FencedNotice: the agent stops
+// taking commands of that epoch and registers again (R-H6).
+// A (re)registering host names the group copies it holds; each gets a verdict read from the
+// group's own record (core host-copy.ts): deleted only on positive proof, never because a group is
+// missing from a listing (R-R6).
 // Leases (R-H4): registration decides the epoch's lease policy (fixed end reported by the host,
 // renewable term from config; see hosts.ts) and an accepted heartbeat renews a renewable term.
 import { jetstream } from '@nats-io/jetstream';
@@ -13,6 +25,7 @@ import {
   DOCKER_DATA_LOST_NOTICE,
   UNREGISTERED,
   checkFence,
+  decideHostCopy,
   evaluateAttestation,
   hostEventForNotice,
   isHostId,
@@ -21,17 +34,26 @@ import {
   unwrap,
   type AttestationPolicy,
   type AttestationReason,
+  type CopyVerdict,
+  type GroupRecordView,
   type HostLifecycle,
   type RemovalSource,
 } from '../core/index.ts';
-import { ContainerState, Heartbeat, Registration, RegistrationAck, ReclaimNotice, type AttestationReport as ProtoAttestation } from '../gen/sandboxfleet/v1/agent.ts';
+import { AgentCommand, ContainerState, CopyAction, Heartbeat, Registration, RegistrationAck, ReclaimNotice, type CopyVerdict as ProtoCopyVerdict, type AttestationReport as ProtoAttestation } from '../gen/sandboxfleet/v1/agent.ts';
 import { HostState } from '../gen/sandboxfleet/v1/common.ts';
-import { isTerminal, listGroups } from './fleet.ts';
 import { DEFAULT_BUCKETS } from '../store/connection.ts';
+import { RecordInvalidError } from '../store/errors.ts';
 import { KvRepository } from '../store/kv-repository.ts';
 import { HostLeasePolicySchema, applyHostEvent, leasePolicyFor, leaseTermEnd, recordLeasePolicy, renewLease, renewalFor, type HostLeasePolicy } from './hosts.ts';
-import type { ContainerSnapshot, HostRecord } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import type { ContainerSnapshot, HeartbeatRecord, HostRecord } from './records.ts';
+import { Keys, type ControlPlaneDeps } from './state.ts';
+
+export type HostRegistryDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'hosts' | 'groups' | 'events' | 'metrics' | 'logger' | 'now' | 'apiSha'>;
+
+/** Most group copies one registration may name (a host holds at most its member capacity). */
+export const MAX_GROUP_COPIES = 4096;
+/** A fenced host is told (and the fence recorded as an event) at most this often. */
+const FENCED_NOTICE_INTERVAL_MS = 5_000;
 
 const QUEUE = 'sf-control-plane';
 
@@ -48,7 +70,7 @@ const PROTO_STATE: Record<HostLifecycle['state'], HostState> = {
   REMOVED: HostState.REMOVED,
 };
 
-export function policyFrom(ctx: ControlPlaneContext, buildSha: string | undefined): AttestationPolicy {
+export function policyFrom(ctx: Pick<ControlPlaneDeps, 'config' | 'apiSha'>, buildSha: string | undefined): AttestationPolicy {
   const shas = ctx.config.allowedAgentShas.length > 0 ? ctx.config.allowedAgentShas : buildSha ? [buildSha] : [];
   return {
     allowedAgentShas: new Set(shas),
@@ -78,15 +100,18 @@ export async function openLeasePolicies(nc: NatsConnection): Promise<KvRepositor
 
 export class HostRegistry {
   readonly #subs: Subscription[] = [];
-  /** Per-host serialisation of heartbeat handling (ordering by sequence is checked anyway). */
+  /** Per-host serialisation of the leader's heartbeat-driven writes (ordering by sequence is checked anyway). */
   readonly #chains = new Map<string, Promise<void>>();
   #leases: Promise<KvRepository<HostLeasePolicy>> | undefined;
   /** Lease policy per host, of the latest epoch seen: immutable per epoch, so a cache is exact. */
   readonly #leaseCache = new Map<string, HostLeasePolicy>();
+  /** When each fenced host was last told (and its fence recorded). */
+  readonly #fencedAt = new Map<string, number>();
+  #nc: NatsConnection | undefined;
 
   /** `leases`: the sf_host_leases repository; when omitted, start() opens it on its connection. */
   constructor(
-    private readonly ctx: ControlPlaneContext,
+    private readonly ctx: HostRegistryDeps,
     private readonly policy: AttestationPolicy,
     leases?: KvRepository<HostLeasePolicy>,
   ) {
@@ -101,8 +126,10 @@ export class HostRegistry {
   /** Subscribe to registrations, heartbeats and notices (queue group: one replica handles each). */
   start(nc: NatsConnection): void {
     this.#leases ??= openLeasePolicies(nc);
+    this.#nc = nc;
     const reg = nc.subscribe(AgentSubjects.register, { queue: QUEUE });
-    const hb = nc.subscribe(AgentSubjects.allHeartbeats, { queue: QUEUE });
+    // No queue group: every replica keeps every host's latest heartbeat in its read model.
+    const hb = nc.subscribe(AgentSubjects.allHeartbeats);
     const notices = nc.subscribe(AgentSubjects.allNotices, { queue: QUEUE });
     this.#subs.push(reg, hb, notices);
     void (async () => {
@@ -119,10 +146,19 @@ export class HostRegistry {
       for await (const m of hb) {
         const hostId = hostIdFromSubject(m.subject);
         if (hostId === undefined) continue;
-        const prev = this.#chains.get(hostId) ?? Promise.resolve();
-        const next = prev.then(async () => {
+        let beat: Heartbeat;
+        try {
+          beat = Heartbeat.decode(m.data);
+        } catch (err) {
+          this.ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
+          this.ctx.logger.warn({ err, hostId }, 'undecodable heartbeat dropped');
+          continue;
+        }
+        // Accepted in memory at once; what the leader writes for it is serialised per host.
+        const prev = this.#chains.get(hostId);
+        const next = (prev ?? Promise.resolve()).then(async () => {
           try {
-            await this.heartbeat(hostId, Heartbeat.decode(m.data));
+            await this.heartbeat(hostId, beat);
           } catch (err) {
             this.ctx.logger.warn({ err, hostId }, 'heartbeat handling failed');
           }
@@ -156,7 +192,7 @@ export class HostRegistry {
     const now = ctx.now();
     const refusedAck = (why: string): RegistrationAck => ({
       hostId: reg.hostId.slice(0, 253), admitted: false, state: HostState.UNATTESTED, hostEpoch: 0, leaseExpiresAtUnixMs: 0,
-      refusalReasons: [why], mismatches: [why], heartbeatIntervalMs: ctx.config.heartbeatIntervalMs, ownedGroupIds: [],
+      refusalReasons: [why], mismatches: [why], heartbeatIntervalMs: ctx.config.heartbeatIntervalMs, copyVerdicts: [],
     });
     // The one host-id rule (core ids.ts: a Kubernetes node name), the same the agent's subjects,
     // NATS permissions, KV keys and manifests are built by.
@@ -182,7 +218,7 @@ export class HostRegistry {
     const leaseEnd = leaseTermEnd(leaseDraft, now);
 
     let before: HostLifecycle = UNREGISTERED;
-    const written = await ctx.repos.hosts.mutate(Keys.host(reg.hostId), (current) => {
+    const written = await ctx.hosts.transact(reg.hostId, (current) => {
       before = current?.lifecycle ?? UNREGISTERED;
       const epoch = nextEpoch(before.epoch);
       let lc = unwrap(transitionHost(before, { type: 'registered', epoch }));
@@ -210,7 +246,7 @@ export class HostRegistry {
         maxMembers: Math.min(reg.capacity?.maxMembers ?? 0, 100_000),
         updatedAtMs: now,
       };
-      return record;
+      return { record };
     });
     const host = written?.value as HostRecord;
     const epoch = host.lifecycle.epoch;
@@ -232,11 +268,11 @@ export class HostRegistry {
       detail: { epoch, termEndMs: host.leaseExpiresAtMs ?? null, fixedEndMs: lease.fixedEndMs ?? null, renewTermMs: lease.renewTermMs },
     });
 
-    // R-H6: the host keeps only groups it still owns; it deletes containers of every other group.
-    const owned = (await listGroups(ctx))
-      .map((e) => e.value)
-      .filter((g) => !isTerminal(g) && g.lifecycle.hostId === reg.hostId && g.evacuation?.kind !== 'unplanned')
-      .map((g) => g.groupId);
+    // R-H6, R-R6: a verdict per group copy the host holds, from that group's own record. Only an
+    // admitted host cleans up (an unattested one never wipes native state).
+    const admitted = host.lifecycle.state === 'READY' || host.lifecycle.state === 'DRAINING';
+    const copyVerdicts = admitted ? await this.#copyVerdicts(reg.hostId, epoch, reg.groupCopies) : [];
+    this.#fencedAt.delete(reg.hostId);
     return {
       hostId: reg.hostId,
       admitted: host.lifecycle.state === 'READY' || host.lifecycle.state === 'DRAINING',
@@ -246,22 +282,68 @@ export class HostRegistry {
       refusalReasons: [...reasons],
       mismatches,
       heartbeatIntervalMs: ctx.config.heartbeatIntervalMs,
-      ownedGroupIds: owned,
+      copyVerdicts,
     };
   }
 
-  /** R-H3, R-H6: accept a heartbeat only from the current epoch of a live host. */
+  /**
+   * The verdict on each group copy a registering host holds (core decideHostCopy): read by key from
+   * the store — a record that is absent or unreadable keeps the copy. Verdicts other than a plain
+   * "owned" are counted and recorded.
+   */
+  async #copyVerdicts(hostId: string, epoch: number, copies: readonly { groupId: string; maxGeneration: number }[]): Promise<ProtoCopyVerdict[]> {
+    const { ctx } = this;
+    const now = ctx.now();
+    const out: ProtoCopyVerdict[] = [];
+    for (const copy of copies.slice(0, MAX_GROUP_COPIES)) {
+      const groupId = copy.groupId.slice(0, 256);
+      let view: GroupRecordView;
+      try {
+        const g = await ctx.groups.get(groupId);
+        view = g === undefined ? { kind: 'absent' } : { kind: 'present', lifecycle: g.value.lifecycle, lostAtMs: g.value.lostAtMs };
+      } catch (err) {
+        if (!(err instanceof RecordInvalidError)) {
+          // A read that failed proves nothing either: keep, and say so.
+          ctx.logger.warn({ err, hostId, groupId }, 'group record unreadable while judging a host copy: kept');
+        }
+        view = { kind: 'unreadable' };
+      }
+      const verdict: CopyVerdict = decideHostCopy(view, { hostId, generation: Math.max(0, copy.maxGeneration) }, now, ctx.config.lostRetentionMs);
+      ctx.metrics.hostCopyVerdicts.inc({ action: verdict.action, reason: verdict.reason });
+      if (verdict.reason !== 'owned') {
+        await ctx.events.record({
+          subjectKind: 'group', subjectId: groupId, type: 'host_copy_judged', reason: verdict.reason, version: `${hostId}:${epoch}:${verdict.action}`,
+          detail: { hostId, epoch, action: verdict.action, copyGeneration: copy.maxGeneration },
+        });
+      }
+      out.push({
+        groupId,
+        action: verdict.action === 'delete' ? CopyAction.DELETE : verdict.action === 'stop' ? CopyAction.STOP : CopyAction.KEEP,
+        reason: verdict.reason,
+        upToGeneration: verdict.action === 'delete' ? verdict.upToGeneration : 0,
+      });
+    }
+    return out;
+  }
+
+  /**
+   * R-H3, R-H6: accept a heartbeat only from the current epoch of a live host. Accepted beats go to
+   * the read model, then what they change is written (SUSPECT → READY, a lease renewal, a notice).
+   * A fenced beat is counted, recorded and answered with a FencedNotice.
+   */
   async heartbeat(subjectHostId: string, hb: Heartbeat): Promise<'accepted' | 'fenced' | 'stale'> {
     const { ctx } = this;
     if (hb.hostId !== subjectHostId) {
       ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
       return 'fenced';
     }
-    const host = await this.#currentEpochHost(hb.hostId, hb.hostEpoch);
-    if (host === undefined) {
+    const fence = await this.#fence(hb.hostId, hb.hostEpoch);
+    if (!fence.ok) {
       ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
+      await this.#fenced(hb.hostId, hb.hostEpoch, fence.host, 'heartbeat');
       return 'fenced';
     }
+    const host = fence.host;
     const now = ctx.now();
     const containers: ContainerSnapshot[] = (hb.inventory?.containers ?? []).slice(0, 2048).map((c) => ({
       containerId: c.containerId.slice(0, 128),
@@ -272,38 +354,77 @@ export class HostRegistry {
       writableLayerPresent: c.writableLayerPresent,
       startedAtMs: Math.max(0, c.startedAtUnixMs),
     }));
-    let stale = false;
-    await ctx.repos.heartbeats.mutate(Keys.host(hb.hostId), (current) => {
-      stale = current !== undefined && current.epoch === hb.hostEpoch && current.sequence >= hb.sequence;
-      if (stale) return undefined;
-      return {
-        hostId: hb.hostId, epoch: hb.hostEpoch, sequence: hb.sequence, receivedAtMs: now,
-        usedMembers: hb.capacity?.usedMembers ?? 0, maxMembers: hb.capacity?.maxMembers ?? 0, containers,
-      };
-    });
-    if (stale) return 'stale';
+    const record: HeartbeatRecord = {
+      hostId: hb.hostId, epoch: hb.hostEpoch, sequence: hb.sequence, receivedAtMs: now,
+      usedMembers: hb.capacity?.usedMembers ?? 0, maxMembers: hb.capacity?.maxMembers ?? 0, containers,
+    };
+    if (ctx.fleet.recordHeartbeat(record) === 'stale') return 'stale';
     const epoch = hb.hostEpoch;
-    if (host.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
+    if (host.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx.hosts, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
     await this.#renew(host, epoch, now);
     // The heartbeat repeats what the notice subject announced once (R-H5), under the beat's epoch.
     const notice = hb.dockerDataLost ? DOCKER_DATA_LOST_NOTICE : hb.reclaimNotice?.source ?? '';
     if (notice !== '') {
       const { event, why } = hostEventForNotice(notice);
-      await applyHostEvent(ctx, hb.hostId, event, why, epoch);
+      // Only a change is written: a drain already under way is not rewritten on every beat.
+      const next = transitionHost(host.lifecycle, event);
+      if (next.ok && JSON.stringify(next.value) !== JSON.stringify(host.lifecycle)) await applyHostEvent(ctx.hosts, hb.hostId, event, why, epoch);
     }
     return 'accepted';
   }
 
   /**
-   * The host record if `epoch` is its current epoch and that epoch is live, else undefined (R-H6):
-   * an older or unknown epoch is fenced, and a DEAD/REMOVED epoch is revoked (the agent must
-   * re-register). Every report from an agent — heartbeat or notice — passes this check.
+   * Is `epoch` the live epoch of `hostId` (R-H6)? Judged on the read model, which never runs ahead of
+   * the store: an epoch older than the model's is stale for sure. An epoch the model has not seen yet
+   * (a registration that has only just landed) is checked against the store before anything is
+   * fenced. An older or unknown epoch is fenced, and a DEAD/REMOVED epoch is revoked.
    */
-  async #currentEpochHost(hostId: string, epoch: number): Promise<HostRecord | undefined> {
-    const host = await this.ctx.repos.hosts.get(Keys.host(hostId));
-    if (host === undefined || !checkFence({ epoch }, { epoch: host.value.lifecycle.epoch }).ok) return undefined;
-    const { state } = host.value.lifecycle;
-    return state === 'DEAD' || state === 'REMOVED' ? undefined : host.value;
+  async #fence(hostId: string, epoch: number): Promise<{ ok: true; host: HostRecord } | { ok: false; host: HostRecord | undefined }> {
+    let host = this.ctx.fleet.host(Keys.host(hostId))?.value;
+    if (host === undefined || epoch > host.lifecycle.epoch) host = (await this.ctx.hosts.get(hostId))?.value;
+    if (host === undefined || !checkFence({ epoch }, { epoch: host.lifecycle.epoch }).ok) return { ok: false, host };
+    const { state } = host.lifecycle;
+    return state === 'DEAD' || state === 'REMOVED' ? { ok: false, host } : { ok: true, host };
+  }
+
+  /**
+   * A report of `hostId` at `epoch` was fenced: record it (an event, not only a metric; the event id
+   * is the same from every replica within a minute, so the log keeps one) and tell the agent, at
+   * most every few seconds per host, so a zombie registers again instead of beating into the void
+   * while its stale containers run on.
+   */
+  async #fenced(hostId: string, epoch: number, host: HostRecord | undefined, kind: 'heartbeat' | 'notice'): Promise<void> {
+    const now = this.ctx.now();
+    const last = this.#fencedAt.get(hostId);
+    if (last !== undefined && now - last < FENCED_NOTICE_INTERVAL_MS) return;
+    this.#fencedAt.set(hostId, now);
+    if (this.#fencedAt.size > 10_000) this.#fencedAt.delete(this.#fencedAt.keys().next().value as string);
+    const state = host?.lifecycle.state;
+    // A host that left on purpose (drained, removed, its node deleted or reclaimed) stays out until
+    // its agent is restarted, like a cordoned node; a host declared DEAD (silence, lost data) or a
+    // stale epoch registers again at once.
+    const retired = host !== undefined && epoch === host.lifecycle.epoch && state === 'REMOVED' && host.lifecycle.goingAway !== undefined && PLANNED_SOURCES.has(host.lifecycle.goingAway);
+    const reason = host === undefined ? 'unknown_host' : epoch < host.lifecycle.epoch ? 'stale_epoch' : retired ? 'host_retired' : state === 'DEAD' ? 'host_dead' : state === 'REMOVED' ? 'host_removed' : 'stale_epoch';
+    await this.ctx.events.record({
+      subjectKind: 'host', subjectId: hostId, type: 'host_report_fenced', toState: state, reason, version: `${epoch}:${host?.lifecycle.epoch ?? 0}:${Math.floor(now / 60_000)}`,
+      detail: { kind, reportedEpoch: epoch, currentEpoch: host?.lifecycle.epoch ?? 0 },
+    }).catch(() => undefined);
+    if (this.#nc === undefined) return;
+    try {
+      AgentSubjects.commands(hostId);
+    } catch {
+      return; // not a host id a subject can carry: nobody to tell
+    }
+    const notice: AgentCommand = {
+      commandId: `fenced-${hostId}-${epoch}-${now}`,
+      hostId,
+      hostEpoch: epoch,
+      placementGeneration: 0,
+      issuedAtUnixMs: now,
+      deadlineUnixMs: now + FENCED_NOTICE_INTERVAL_MS,
+      command: { $case: 'fenced', value: { currentEpoch: host?.lifecycle.epoch ?? 0, state: host !== undefined ? PROTO_STATE[host.lifecycle.state] : HostState.UNSPECIFIED, reason } },
+    };
+    this.#nc.publish(AgentSubjects.commands(hostId), AgentCommand.encode(notice).finish());
   }
 
   /** R-H4: an accepted heartbeat renews a renewable term (CAS; only when due, see renewalFor). */
@@ -318,7 +439,7 @@ export class HostRegistry {
     }
     // Cheap pre-check on the record already read; renewLease re-checks inside the CAS.
     if (renewalFor(lease, host.leaseExpiresAtMs, now) === undefined) return;
-    await renewLease(this.ctx, host.hostId, lease, now);
+    await renewLease(this.ctx.hosts, host.hostId, lease, now);
   }
 
   /**
@@ -329,17 +450,18 @@ export class HostRegistry {
    * inside the CAS, so a re-registration landing in between wins.
    */
   async notice(hostId: string, notice: ReclaimNotice): Promise<'applied' | 'unchanged' | 'fenced'> {
-    const host = await this.#currentEpochHost(hostId, notice.hostEpoch);
-    if (host === undefined) {
+    const fence = await this.#fence(hostId, notice.hostEpoch);
+    if (!fence.ok) {
       this.ctx.metrics.fencedReports.inc({ kind: 'notice' });
+      await this.#fenced(hostId, notice.hostEpoch, fence.host, 'notice');
       return 'fenced';
     }
     const { event, why } = hostEventForNotice(notice.source);
-    return (await applyHostEvent(this.ctx, hostId, event, why, notice.hostEpoch)) !== undefined ? 'applied' : 'unchanged';
+    return (await applyHostEvent(this.ctx.hosts, hostId, event, why, notice.hostEpoch)) !== undefined ? 'applied' : 'unchanged';
   }
 
   /** Operator drain / remove (R-H5). `remove` also ends the epoch once the host holds nothing. */
   async drain(hostId: string, source: RemovalSource = 'operator_drain'): Promise<boolean> {
-    return (await applyHostEvent(this.ctx, hostId, { type: 'drain_requested', source }, source)) !== undefined;
+    return (await applyHostEvent(this.ctx.hosts, hostId, { type: 'drain_requested', source }, source)) !== undefined;
   }
 }

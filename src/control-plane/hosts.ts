@@ -9,13 +9,51 @@
 // the sf_host_leases bucket, so any replica handling a later heartbeat renews by the same rule.
 import { z } from 'zod';
 import { transitionHost, type HostEvent, type HostLifecycle } from '../core/index.ts';
-import type { KvRepository } from '../store/kv-repository.ts';
+import type { KvRepository, Versioned } from '../store/kv-repository.ts';
+import type { EventRecorder, TransitionEvent } from './events.ts';
 import type { HostRecord } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import { Keys, type Clock } from './keys.ts';
 
 export interface HostChange {
   readonly before: HostLifecycle;
   readonly after: HostLifecycle;
+}
+
+/** An event about the host being written (subject filled in by the store). */
+export type HostEventRecord = Omit<TransitionEvent, 'subjectKind' | 'subjectId'>;
+
+export interface HostWrite {
+  readonly record: HostRecord;
+  readonly events?: readonly HostEventRecord[];
+}
+
+/**
+ * The one writer of host records: registration, lifecycle events and lease renewals all go through
+ * `transact` (read, decide, compare-and-set, retry), and the change's events are appended after it.
+ */
+export class HostStore {
+  constructor(private readonly deps: { readonly repo: KvRepository<HostRecord>; readonly events: EventRecorder; readonly now: Clock }) {}
+
+  get now(): Clock {
+    return this.deps.now;
+  }
+
+  /** The stored record, read fresh. */
+  get(hostId: string): Promise<Versioned<HostRecord> | undefined> {
+    return this.deps.repo.get(Keys.host(hostId));
+  }
+
+  /** Read-modify-write; `decide` may run once per attempt and returns undefined to write nothing. */
+  async transact(hostId: string, decide: (current: HostRecord | undefined) => HostWrite | undefined): Promise<Versioned<HostRecord> | undefined> {
+    let write: HostWrite | undefined;
+    const result = await this.deps.repo.mutate(Keys.host(hostId), (current) => {
+      write = decide(current);
+      return write?.record;
+    });
+    if (write === undefined || result === undefined) return undefined;
+    for (const e of write.events ?? []) await this.deps.events.record({ ...e, subjectKind: 'host', subjectId: hostId });
+    return result;
+  }
 }
 
 /**
@@ -27,11 +65,11 @@ export interface HostChange {
  * event does not apply.
  */
 export async function applyHostEvent(
-  ctx: ControlPlaneContext, hostId: string, event: HostEvent, why: string, expectEpoch?: number, guard?: (current: HostRecord) => boolean,
+  hosts: HostStore, hostId: string, event: HostEvent, why: string, expectEpoch?: number, guard?: (current: HostRecord) => boolean,
   detail?: Readonly<Record<string, string>>,
 ): Promise<HostChange | undefined> {
   let change: HostChange | undefined;
-  await ctx.repos.hosts.mutate(Keys.host(hostId), (current) => {
+  await hosts.transact(hostId, (current) => {
     change = undefined;
     if (current === undefined) return undefined;
     if (expectEpoch !== undefined && current.lifecycle.epoch !== expectEpoch) return undefined;
@@ -40,20 +78,18 @@ export async function applyHostEvent(
     if (!next.ok) return undefined;
     if (JSON.stringify(next.value) === JSON.stringify(current.lifecycle)) return undefined;
     change = { before: current.lifecycle, after: next.value };
-    return { ...current, lifecycle: next.value, updatedAtMs: ctx.now() } satisfies HostRecord;
+    return {
+      record: { ...current, lifecycle: next.value, updatedAtMs: hosts.now() },
+      events: [{
+        type: `host_${event.type}`,
+        fromState: change.before.state,
+        toState: change.after.state,
+        reason: why,
+        version: `${change.after.epoch}:${change.before.state}:${change.after.state}:${change.after.goingAway ?? ''}`,
+        detail: { ...detail, epoch: change.after.epoch },
+      }],
+    };
   });
-  if (change !== undefined) {
-    await ctx.events.record({
-      subjectKind: 'host',
-      subjectId: hostId,
-      type: `host_${event.type}`,
-      fromState: change.before.state,
-      toState: change.after.state,
-      reason: why,
-      version: `${change.after.epoch}:${change.before.state}:${change.after.state}:${change.after.goingAway ?? ''}`,
-      detail: { ...detail, epoch: change.after.epoch },
-    });
-  }
   return change;
 }
 
@@ -112,20 +148,21 @@ export async function recordLeasePolicy(repo: KvRepository<HostLeasePolicy>, pol
  * same epoch is renewed: a draining host is leaving anyway, and a later epoch has its own policy.
  * Returns the new term end, or undefined when nothing was written.
  */
-export async function renewLease(ctx: ControlPlaneContext, hostId: string, policy: HostLeasePolicy, nowMs: number): Promise<number | undefined> {
-  let renewed: { from: number | undefined; to: number } | undefined;
-  await ctx.repos.hosts.mutate(Keys.host(hostId), (current) => {
+export async function renewLease(hosts: HostStore, hostId: string, policy: HostLeasePolicy, nowMs: number): Promise<number | undefined> {
+  let renewed: number | undefined;
+  await hosts.transact(hostId, (current) => {
     renewed = undefined;
     if (current === undefined || current.lifecycle.epoch !== policy.epoch || current.lifecycle.state !== 'READY') return undefined;
     const to = renewalFor(policy, current.leaseExpiresAtMs, nowMs);
     if (to === undefined) return undefined;
-    renewed = { from: current.leaseExpiresAtMs, to };
-    return { ...current, leaseExpiresAtMs: to, updatedAtMs: nowMs } satisfies HostRecord;
+    renewed = to;
+    return {
+      record: { ...current, leaseExpiresAtMs: to, updatedAtMs: nowMs },
+      events: [{
+        type: 'host_lease_renewed', toState: 'READY', reason: 'heartbeat', version: `${policy.epoch}:${to}`,
+        detail: { epoch: policy.epoch, fromTermEndMs: current.leaseExpiresAtMs ?? null, termEndMs: to, fixedEndMs: policy.fixedEndMs ?? null },
+      }],
+    };
   });
-  if (renewed === undefined) return undefined;
-  await ctx.events.record({
-    subjectKind: 'host', subjectId: hostId, type: 'host_lease_renewed', toState: 'READY', reason: 'heartbeat', version: `${policy.epoch}:${renewed.to}`,
-    detail: { epoch: policy.epoch, fromTermEndMs: renewed.from ?? null, termEndMs: renewed.to, fixedEndMs: policy.fixedEndMs ?? null },
-  });
-  return renewed.to;
+  return renewed;
 }

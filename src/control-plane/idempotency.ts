@@ -21,7 +21,7 @@ import {
 } from '../core/index.ts';
 import { CasConflictError } from '../store/errors.ts';
 import type { CallOutcome, IdempotencyRecord, TurnCalls } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import { Keys, type ControlPlaneDeps } from './state.ts';
 
 const MAX_KEY = 128;
 
@@ -81,14 +81,14 @@ export function keyReused(operation: string, why = `idempotency key already used
   return new InvalidArgument('idempotency_key_reused', why, { details: { field: 'idempotencyKey' } });
 }
 
-export async function withIdempotency<T>(ctx: ControlPlaneContext, operation: string, key: string, request: unknown, run: () => Promise<T>): Promise<T> {
+export async function withIdempotency<T>(ctx: Pick<ControlPlaneDeps, 'idempotency' | 'now'>, operation: string, key: string, request: unknown, run: () => Promise<T>): Promise<T> {
   const k = Keys.idempotency(operation, validateIdempotencyKey(key));
   const hash = requestHash(request);
   const replay = (rec: IdempotencyRecord): T => {
     if (rec.operation !== operation || rec.requestHash !== hash) throw keyReused(operation);
     return replayOutcome<T>(rec.outcome);
   };
-  const existing = await ctx.repos.idempotency.get(k);
+  const existing = await ctx.idempotency.get(k);
   if (existing !== undefined) return replay(existing.value);
 
   let outcome: CallOutcome;
@@ -103,11 +103,11 @@ export async function withIdempotency<T>(ctx: ControlPlaneContext, operation: st
     outcome = refusalOutcome(err);
   }
   try {
-    await ctx.repos.idempotency.create(k, { operation, requestHash: hash, createdAtMs: ctx.now(), outcome });
+    await ctx.idempotency.create(k, { operation, requestHash: hash, createdAtMs: ctx.now(), outcome });
   } catch (err) {
     // A concurrent repeat stored its answer first: both ran the same idempotent work; return the stored one.
     if (err instanceof CasConflictError) {
-      const stored = await ctx.repos.idempotency.get(k);
+      const stored = await ctx.idempotency.get(k);
       if (stored !== undefined) return replay(stored.value);
     }
     throw err;

@@ -1,13 +1,19 @@
-// The migration controller (R-G3..R-G7, R-H4, R-H5, R-R1, R-R3): a reconcile loop over persisted
+// The migration controller (R-G3..R-G7, R-H4, R-H5, R-R1, R-R3): a keyed reconciler over persisted
 // state. A host going away marks each of its groups with an evacuation (the intent, written BEFORE
-// anything is done); each pass then advances every marked group by one idempotent step:
+// anything is done); each reconcile of a marked group then advances it by idempotent steps:
 //   planned  : wait (bounded) for no turn in flight → clean stop → checkpoint → choose target →
 //              migration_started (CAS) → restore on the target (agent proves it) → migration_completed
 //              (CAS, new placement generation) → delete on the source;
 //   unplanned: decideOnHostLoss — restore if STOPPED clean with a recent, recoverable checkpoint
 //              (every blob re-read and digest-verified), LOST with the reason otherwise.
-// A failed restore is retried on another host a bounded number of times, then LOST restore_failed.
-// Agent command ids are derived from the step, so a new leader repeating a step gets the first answer.
+// A restore the target refuses for the checkpoint's own data (a hostile or corrupt layer, a digest
+// mismatch, a bomb) makes the group LOST at once with the agent's reason and message: every host
+// would refuse the same bytes. A restore that failed for the host's sake is retried on another
+// host a bounded number of times, then LOST restore_failed.
+// Which groups to look at comes from the read model (fleet-state.ts) and its change notifications;
+// every step re-reads the group record from the store and writes by compare-and-set. Agent command
+// ids are derived from the step (wire/agent-protocol.ts), so a new leader repeating a step gets the
+// first answer.
 import {
   assessCheckpoint,
   decideAfterRestoreFailure,
@@ -17,16 +23,21 @@ import {
   type LossReason,
   type RemovalSource,
 } from '../core/index.ts';
+import { CommandIds, restoreFaultScope } from '../wire/agent-protocol.ts';
 import { AgentCommandFailed } from './agent-client.ts';
 import { manifestToProto, verifyCheckpoint } from './checkpoints.ts';
-import { candidates, describeError, isTerminal, listGroups, listHosts } from './fleet.ts';
-import { GroupOps } from './group-ops.ts';
+import { candidates, describeError, isTerminal } from './fleet.ts';
+import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import { decideEvacuationStep } from './evacuation-policy.ts';
 import { markEvacuation } from './evacuations.ts';
+import type { ReconcileResult } from './keyed-queue.ts';
 import { chooseHost } from './placement.ts';
 import type { Evacuation, GroupRecord, HostRecord } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import { Keys } from './state.ts';
+
+/** What the controller uses: group operations' ports (it runs their steps). */
+export type MigrationDeps = GroupOpsDeps;
 
 /** What one step did: `progress` means call again, `waiting` means nothing to do until later. */
 export type StepResult = 'progress' | 'waiting' | 'done';
@@ -39,66 +50,62 @@ export class MigrationController {
   readonly #inProgress = new Set<string>();
 
   constructor(
-    private readonly ctx: ControlPlaneContext,
+    private readonly ctx: MigrationDeps,
     private readonly hook: StepHook = () => undefined,
   ) {
     this.#ops = new GroupOps(ctx);
   }
 
-  /** One reconcile pass over hosts and groups. Safe to run repeatedly and from a fresh leader. */
-  async reconcile(): Promise<void> {
-    const hosts = (await listHosts(this.ctx)).map((e) => e.value);
-    const byId = new Map(hosts.map((h) => [h.hostId, h]));
-    let groups = (await listGroups(this.ctx)).map((e) => e.value);
-
-    // 1. Mark groups on hosts that are going away (the intent comes first, R-R3).
-    for (const g of groups) {
-      if (isTerminal(g)) continue;
-      const host = byId.get(g.lifecycle.hostId);
+  /**
+   * Reconcile one group: mark it for evacuation when its host is going away, then advance a marked
+   * or migrating group as far as it goes now. `requeueAfterMs` when it is waiting (a turn in flight,
+   * no eligible host yet, a failed step): look again then. Safe to run repeatedly and from a fresh
+   * leader; a group already being advanced by this replica is left to that run.
+   */
+  async reconcileGroup(groupId: string): Promise<ReconcileResult> {
+    const cached = this.ctx.fleet.group(Keys.group(groupId))?.value;
+    if (cached === undefined || this.#inProgress.has(groupId)) return {};
+    let g: GroupRecord = cached;
+    if (!isTerminal(g)) {
+      const host = this.ctx.fleet.host(Keys.host(g.lifecycle.hostId))?.value;
       const wanted = evacuationFor(host);
-      if (wanted === undefined) continue;
-      if (g.evacuation?.kind === wanted.kind || (g.evacuation?.kind === 'unplanned')) continue;
-      await markEvacuation(this.ctx, g.groupId, wanted.kind, wanted.source, g.lifecycle.hostId);
-    }
-
-    // 2. Advance marked groups with bounded parallelism.
-    groups = (await listGroups(this.ctx)).map((e) => e.value);
-    const work = groups.filter((g) => g.evacuation !== undefined || g.lifecycle.state === 'MIGRATING');
-    const queue = [...work];
-    const worker = async () => {
-      for (let g = queue.shift(); g !== undefined; g = queue.shift()) {
-        if (this.#inProgress.has(g.groupId)) continue;
-        this.#inProgress.add(g.groupId);
-        try {
-          for (let i = 0; i < 16; i++) if ((await this.step(g.groupId)) !== 'progress') break;
-        } catch (err) {
-          this.ctx.logger.warn({ groupId: g.groupId, ...describeError(err) }, 'migration step failed; retried next pass');
-        } finally {
-          this.#inProgress.delete(g.groupId);
-        }
+      if (wanted !== undefined && g.evacuation?.kind !== wanted.kind && g.evacuation?.kind !== 'unplanned') {
+        await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, g.lifecycle.hostId);
+        g = (await this.ctx.groups.get(groupId))?.value ?? g;
       }
-    };
-    await Promise.all(Array.from({ length: this.ctx.config.migrationParallelism }, worker));
-
-    // 3. A draining host that holds nothing any more is removed for this epoch (R-H5).
-    const remaining = (await listGroups(this.ctx)).map((e) => e.value);
-    for (const h of hosts) {
-      if (h.lifecycle.state !== 'DRAINING') continue;
-      const holds = remaining.some((g) => !isTerminal(g) && (g.lifecycle.hostId === h.hostId || g.lifecycle.migration?.targetHostId === h.hostId));
-      if (!holds) await applyHostEvent(this.ctx, h.hostId, { type: 'removed' }, `drained (${h.lifecycle.goingAway ?? 'drain'})`, h.lifecycle.epoch);
     }
-    this.#gauges(hosts, remaining);
+    if (g.evacuation === undefined && g.lifecycle.state !== 'MIGRATING') return {};
+    this.#inProgress.add(groupId);
+    try {
+      for (let i = 0; i < 16; i++) {
+        const r = await this.step(groupId);
+        if (r === 'waiting') return { requeueAfterMs: this.ctx.config.reconcileIntervalMs };
+        if (r !== 'progress') return {};
+      }
+      return { requeueAfterMs: 0 };
+    } catch (err) {
+      this.ctx.logger.warn({ groupId, ...describeError(err) }, 'migration step failed; retried');
+      return { requeueAfterMs: this.ctx.config.reconcileIntervalMs };
+    } finally {
+      this.#inProgress.delete(groupId);
+    }
   }
 
-  #gauges(hosts: readonly HostRecord[], groups: readonly GroupRecord[]): void {
-    const { metrics } = this.ctx;
-    for (const s of ['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']) metrics.hosts.set({ state: s }, hosts.filter((h) => h.lifecycle.state === s).length);
-    for (const s of ['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']) metrics.groups.set({ state: s }, groups.filter((g) => g.lifecycle.state === s).length);
+  /** A draining host that holds nothing any more is removed for this epoch (R-H5). */
+  async reconcileDrainingHost(hostId: string): Promise<void> {
+    const h = this.ctx.fleet.host(Keys.host(hostId))?.value;
+    if (h === undefined || h.lifecycle.state !== 'DRAINING') return;
+    if (this.ctx.fleet.groupKeysOnHost(hostId).size > 0) return;
+    // The read model may lag a group that has just been placed here: confirm from the store.
+    await this.ctx.fleet.sync();
+    if (this.ctx.fleet.groupKeysOnHost(hostId).size > 0) return;
+    await applyHostEvent(this.ctx.hosts, hostId, { type: 'removed' }, `drained (${h.lifecycle.goingAway ?? 'drain'})`, h.lifecycle.epoch,
+      (current) => current.lifecycle.state === 'DRAINING');
   }
 
   /** Advance one group by one step. */
   async step(groupId: string): Promise<StepResult> {
-    const current = await this.ctx.repos.groups.get(Keys.group(groupId));
+    const current = await this.ctx.groups.get(groupId);
     if (current === undefined) return 'done';
     const g = current.value;
     const ev = g.evacuation;
@@ -130,7 +137,7 @@ export class MigrationController {
   async #planRestore(g: GroupRecord, ev: Evacuation): Promise<StepResult> {
     const lc = g.lifecycle;
     const now = this.ctx.now();
-    let record = g.latestCheckpointId === undefined ? undefined : (await this.ctx.repos.checkpoints.get(Keys.checkpoint(g.groupId, g.latestCheckpointId)))?.value;
+    let record = g.latestCheckpointId === undefined ? undefined : await this.ctx.checkpoints.get(g.groupId, g.latestCheckpointId);
     if (ev.kind === 'planned' && (record === undefined || record.activityVersion !== lc.activityVersion)) {
       // The source still runs: take the checkpoint now (R-G3 "before migration").
       await this.hook('before_checkpoint', g.groupId);
@@ -145,12 +152,10 @@ export class MigrationController {
       await this.hook('after_checkpoint', g.groupId);
     }
 
-    const hosts = (await listHosts(this.ctx)).map((e) => e.value);
-    const groups = (await listGroups(this.ctx)).map((e) => e.value);
     // Never the source, even one that only lost this group's containers: a migration to the same
     // host is refused by core, and the source's cleanup removes every generation of the group there.
     const exclude = new Set([ev.sourceHostId, lc.hostId, ...ev.triedHostIds]);
-    const target = record === undefined ? undefined : chooseHost(candidates(hosts, groups), { members: g.members.length, exclude, imageDigest: record.baseImageDigest, bridgeVersion: record.bridgeVersion });
+    const target = record === undefined ? undefined : chooseHost(candidates(this.ctx.fleet), { members: g.members.length, exclude, imageDigest: record.baseImageDigest, bridgeVersion: record.bridgeVersion });
 
     let assessment: CheckpointAssessment | undefined;
     if (record !== undefined) {
@@ -184,10 +189,12 @@ export class MigrationController {
     const mig = lc.migration!;
     const ev = g.evacuation;
     const started = this.ctx.now();
-    const target = (await this.ctx.repos.hosts.get(Keys.host(mig.targetHostId)))?.value;
-    const record = (await this.ctx.repos.checkpoints.get(Keys.checkpoint(g.groupId, mig.checkpointId)))?.value;
+    const target = (await this.ctx.hosts.get(mig.targetHostId))?.value;
+    const record = await this.ctx.checkpoints.get(g.groupId, mig.checkpointId);
     const newGeneration = lc.generation + 1;
     let failure: string | undefined;
+    /** Set when the target refused the checkpoint's own data: no other host can do better. */
+    let refusal: AgentCommandFailed | undefined;
     let restored: { memberId: string; containerId: string }[] = [];
     if (target === undefined || target.lifecycle.state !== 'READY') failure = `target ${mig.targetHostId} is ${target?.lifecycle.state ?? 'gone'}`;
     else if (record === undefined) failure = 'checkpoint index record missing';
@@ -201,14 +208,15 @@ export class MigrationController {
       try {
         const res = await this.ctx.agents.send(
           { hostId: target.hostId, epoch: target.lifecycle.epoch, generation: newGeneration },
-          `restore-${mig.checkpointId}-${target.hostId}-g${newGeneration}`,
+          CommandIds.restore(mig.checkpointId, target.hostId, newGeneration),
           { $case: 'restore', value: { groupId: g.groupId, manifest: manifestToProto(manifest, record) } },
           'restore',
         );
         if (!res.verified || res.members.some((m) => !m.sessionFilesPresent)) failure = `restore not verified (missing: ${res.members.flatMap((m) => m.missingPaths).slice(0, 4).join(',')})`;
         restored = res.members.map((m) => ({ memberId: m.memberId, containerId: m.containerId }));
       } catch (err) {
-        failure = err instanceof AgentCommandFailed ? `${err.outcome}: ${err.reason}` : describeError(err).message as string;
+        failure = err instanceof AgentCommandFailed ? `${err.outcome}: ${err.reason}: ${err.detail}` : describeError(err).message as string;
+        if (err instanceof AgentCommandFailed && restoreFaultScope(err.reason) === 'checkpoint') refusal = err;
       }
       await this.hook('after_restore', g.groupId);
     }
@@ -232,10 +240,10 @@ export class MigrationController {
       return 'done';
     }
 
-    // Roll back to STOPPED on the source and try elsewhere, within the budget (R-G5).
+    // Roll back to STOPPED on the source and try elsewhere, within the budget (R-G5) — unless the
+    // checkpoint's own data was refused, which every host would refuse too.
     this.ctx.logger.warn({ groupId: g.groupId, target: mig.targetHostId, failure }, 'restore failed');
-    this.ctx.metrics.migrations.inc({ result: 'restore_failed' });
-    if (target !== undefined && target.lifecycle.state === 'READY') await this.#ops.deleteOn(target.hostId, g.groupId, newGeneration, 'restore_failed');
+    this.ctx.metrics.migrations.inc({ result: refusal !== undefined ? 'checkpoint_refused' : 'restore_failed' });
     const attempts = (ev?.attempts ?? 0) + 1;
     const next = decideAfterRestoreFailure({ attempts, maxAttempts: this.ctx.config.restoreMaxAttempts });
     const now = this.ctx.now();
@@ -252,7 +260,13 @@ export class MigrationController {
           triedHostIds: [...(c.evacuation?.triedHostIds ?? []), mig.targetHostId].slice(-32),
         },
       }));
-    if (aborted !== undefined && next.action === 'lost') return this.#lose(aborted, 'restore_failed', `restore failed on ${attempts} host(s)`);
+    // The target's copy is deleted only once the abort is recorded: from then on the record proves it
+    // is not the group's placement (R-R6).
+    if (aborted !== undefined && target !== undefined && target.lifecycle.state === 'READY') await this.#ops.deleteOn(target.hostId, g.groupId, newGeneration, 'restore_failed');
+    if (aborted !== undefined && refusal !== undefined) {
+      return this.#lose(aborted, 'checkpoint_corrupt', `the restore on ${mig.targetHostId} refused checkpoint ${mig.checkpointId}: ${refusal.reason}: ${refusal.detail}`);
+    }
+    if (aborted !== undefined && next.action === 'lost') return this.#lose(aborted, 'restore_failed', `restore failed on ${attempts} host(s); last: ${failure}`);
     return 'progress';
   }
 
@@ -264,13 +278,14 @@ export class MigrationController {
   }
 
   async #clearEvacuation(groupId: string): Promise<void> {
-    await this.ctx.repos.groups.mutate(Keys.group(groupId), (g) => (g === undefined || g.evacuation === undefined ? undefined : { ...g, evacuation: undefined, updatedAtMs: this.ctx.now() }));
+    await this.ctx.groups.transact(groupId, (g) => (g === undefined || g.evacuation === undefined ? undefined : { record: { ...g, evacuation: undefined, updatedAtMs: this.ctx.now() } }));
   }
 }
 
 /** Which evacuation a host's state calls for (R-H4, R-H5, R-G6). */
 export function evacuationFor(host: HostRecord | undefined): { kind: Evacuation['kind']; source: RemovalSource } | undefined {
-  if (host === undefined) return { kind: 'unplanned', source: 'heartbeat_lost' };
+  // No record (yet): nothing proves the host is gone — the read model may simply not have it yet (R-R6).
+  if (host === undefined) return undefined;
   const lc = host.lifecycle;
   switch (lc.state) {
     case 'DEAD': return { kind: 'unplanned', source: lc.goingAway ?? 'heartbeat_lost' };

@@ -4,7 +4,23 @@
 // how they are stored. One record per host and one per group, so every decision about a host or a
 // group is a single compare-and-set on a single key (R-R2, R-R3).
 import { z } from 'zod';
-import type { GroupLifecycle, HostLifecycle, MemberSession } from '../core/index.ts';
+import {
+  ATTESTATION_REASONS,
+  CLI_KINDS,
+  CONTEXT_STATES,
+  GROUP_STATES,
+  HOST_STATES,
+  LOSS_REASONS,
+  MEMBER_LOSS_REASONS,
+  MEMBER_PHASES,
+  REMOVAL_SOURCES,
+  TURN_OUTCOMES,
+  UNCLEAN_REASONS,
+  UNCONFIRMED_CAUSES,
+  type GroupLifecycle,
+  type HostLifecycle,
+  type MemberSession,
+} from '../core/index.ts';
 
 const id = z.string().min(1).max(256);
 const ms = z.number().int().nonnegative();
@@ -12,15 +28,14 @@ const reasonText = z.string().min(1).max(128);
 
 // ---- hosts -----------------------------------------------------------------------------------
 
-const removalSource = z.enum([
-  'operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint',
-  'spot_preemption', 'reclaim_notice', 'lease_ending', 'heartbeat_lost', 'docker_data_lost',
-]);
+// Every enum below is core's exhaustive list of its union (a member missing from a list does not
+// compile there), so a stored form can never drift from the domain type it stores.
+const removalSource = z.enum(REMOVAL_SOURCES);
 
-const attestationReason = z.enum(['agent_sha_unknown', 'api_sha_mismatch', 'image_digest_not_allowed', 'storage_driver_unsupported', 'bridge_version', 'bridge_unproven']);
+const attestationReason = z.enum(ATTESTATION_REASONS);
 
 export const HostLifecycleSchema = z.object({
-  state: z.enum(['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']),
+  state: z.enum(HOST_STATES),
   epoch: z.number().int().nonnegative(),
   refusals: z.array(attestationReason).max(16).optional(),
   goingAway: removalSource.optional(),
@@ -78,19 +93,16 @@ export type HeartbeatRecord = z.infer<typeof HeartbeatRecordSchema>;
 
 // ---- groups ----------------------------------------------------------------------------------
 
-const uncleanReason = z.enum(['turn_in_flight', 'member_evidence_missing', 'sigterm_not_sent', 'not_exited', 'killed', 'exit_after_grace', 'exit_status_missing', 'container_missing', 'writable_layer_missing', 'no_members']);
+const uncleanReason = z.enum(UNCLEAN_REASONS);
 const stopVerdict = z.union([
   z.object({ clean: z.literal(true) }),
   z.object({ clean: z.literal(false), findings: z.array(z.object({ memberId: z.string().max(128), reason: uncleanReason })).max(256) }),
 ]);
 
-export const LossReasonSchema = z.enum([
-  'host_lost_running', 'unclean_stop', 'no_checkpoint', 'checkpoint_mismatch', 'stale_checkpoint', 'checkpoint_corrupt',
-  'base_image_mismatch', 'bridge_version_mismatch', 'restore_failed', 'no_eligible_host', 'container_missing', 'session_files_missing', 'operator_declared',
-]);
+export const LossReasonSchema = z.enum(LOSS_REASONS);
 
 export const GroupLifecycleSchema = z.object({
-  state: z.enum(['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']),
+  state: z.enum(GROUP_STATES),
   hostId: id,
   generation: z.number().int().nonnegative(),
   activityVersion: z.number().int().nonnegative(),
@@ -100,29 +112,29 @@ export const GroupLifecycleSchema = z.object({
   lostReason: LossReasonSchema.optional(),
 }) as unknown as z.ZodType<GroupLifecycle>;
 
-const cliKind = z.enum(['claude_code', 'codex', 'pi', 'opencode', 'kilo']);
+const cliKind = z.enum(CLI_KINDS);
 const processIdentity = z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) });
 const locator = z.string().min(1).max(256);
-const turnOutcome = z.enum(['completed', 'failed_kept', 'failed_before_session', 'unconfirmed', 'locator_mismatch', 'locator_missing']);
+const turnOutcome = z.enum(TURN_OUTCOMES);
 
 export const MemberSessionSchema = z.object({
   memberId: z.string().min(1).max(64),
   cli: cliKind,
-  phase: z.enum(['FRESH', 'IN_TURN', 'RETAINED', 'UNCONFIRMED', 'LOST']),
+  phase: z.enum(MEMBER_PHASES),
   savedLocator: locator.optional(),
   completedTurns: z.number().int().nonnegative(),
   process: processIdentity.optional(),
   reclaim: processIdentity.optional(),
   inFlight: z.object({
     turnId: z.string().max(128),
-    contextState: z.enum(['NEW', 'LIVE', 'RESTORED']),
+    contextState: z.enum(CONTEXT_STATES).exclude(['LOST']),
     locator: locator.optional(),
     process: processIdentity.optional(),
     startedAtMs: ms,
   }).optional(),
   lastTurn: z.object({ turnId: z.string().max(128), outcome: turnOutcome }).optional(),
-  unconfirmedCause: z.enum(['command_rejected', 'transport_disconnect', 'timeout', 'cancelled', 'no_end_event', 'stopped_mid_turn', 'cleanup_unfinished', 'transport_unusable', 'locator_unobserved']).optional(),
-  lostReason: z.enum(['turn_unconfirmed', 'container_missing', 'writable_layer_missing', 'session_files_missing', 'locator_missing', 'group_lost']).optional(),
+  unconfirmedCause: z.enum(UNCONFIRMED_CAUSES).optional(),
+  lostReason: z.enum(MEMBER_LOSS_REASONS).optional(),
 }) as unknown as z.ZodType<MemberSession>;
 
 /** The answer of a mutating runner call: its value, or a final refusal rebuilt on replay (R-I1). */
@@ -156,7 +168,7 @@ export const MemberRecordSchema = z.object({
   /** The member's container on the current placement (from create/start/restore results). */
   containerId: z.string().max(128).optional(),
   /** What the member's last begun turn reported (R-S1), for GetGroupState. */
-  lastContextState: z.enum(['NEW', 'LIVE', 'RESTORED', 'LOST']).optional(),
+  lastContextState: z.enum(CONTEXT_STATES).optional(),
   /** The container incarnation the in-flight turn runs in (its "process", see member-session.ts). */
   turnProcess: z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) }).optional(),
   /** Turn call idempotency (absent in records written before it existed). */
@@ -200,6 +212,10 @@ export const GroupRecordSchema = z.object({
   }).optional(),
   /** When the last native turn completed (manifest evidence). */
   lastTurnCompletedAtMs: ms.optional(),
+  /** When the group became LOST: its layers are kept for the retention period from here (R-R6). */
+  lostAtMs: ms.optional(),
+  /** What made it LOST, in words (an agent's refusal message, a failed step), for operators. */
+  lostDetail: z.string().max(1024).optional(),
   createdAtMs: ms,
   updatedAtMs: ms,
 });

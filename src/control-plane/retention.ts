@@ -12,8 +12,11 @@
 // restore. "Referenced" counts every manifest in the store, indexed or not: a checkpoint whose
 // indexing was interrupted is indexed on retry and needs its chunks.
 //
-// The same pass reports R-G4 exposure (checkpointExposure): it already lists every group and every
-// checkpoint record. And it keeps that exposure bounded: a group that stays cleanly STOPPED never
+// Which checkpoints and groups exist is read from the read model (fleet-state.ts), brought up to date
+// with the store first; a checkpoint is deleted by the revision read from the store. A group whose
+// record is absent from the model keeps its checkpoints (absence proves nothing, R-R6); a LOST group
+// keeps them for the LOST retention period (an operator may want to recover it by hand).
+// The same pass reports R-G4 exposure (checkpointExposure). And it keeps that exposure bounded: a group that stays cleanly STOPPED never
 // gets a new checkpoint by itself, so the one it has would age past the maximum and a host loss
 // would make the group LOST `stale_checkpoint` (idle conversations are the common case). Such
 // checkpoints are retaken once they are older than a fraction of the maximum (refreshCheckpoints);
@@ -23,9 +26,18 @@ import type { ChunkStore } from '../store/chunk-store.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { readManifest } from './checkpoints.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
-import { describeError, listGroups, listHosts } from './fleet.ts';
+import { describeError } from './fleet.ts';
 import type { GroupOps } from './group-ops.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import type { ControlPlaneDeps } from './state.ts';
+
+export type RetentionDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'checkpoints' | 'chunks' | 'gcLocks' | 'events' | 'metrics' | 'logger' | 'now' | 'replicaId'>;
+
+/** A group whose checkpoints may all go: destroyed, or LOST past its retention (never: absent). */
+export function groupGone(g: Pick<GroupRecord, 'lifecycle' | 'lostAtMs'>, nowMs: number, lostRetentionMs: number): boolean {
+  if (g.lifecycle.state === 'DESTROYED') return true;
+  if (g.lifecycle.state !== 'LOST') return false;
+  return lostRetentionMs > 0 && g.lostAtMs !== undefined && nowMs >= g.lostAtMs + lostRetentionMs;
+}
 
 /** How long one sweep may hold the lock (checkpoints wait meanwhile); the rest waits for the next pass. */
 export const SWEEP_BUDGET_MS = 30_000;
@@ -171,14 +183,15 @@ export function checkpointsDueForRefresh(
  * failure (host busy or unreachable, layers changed) is logged and counted; the group is due again
  * next pass, and if its checkpoint does age out, the exposure gauge and its alert say so.
  */
-export async function refreshCheckpoints(ctx: ControlPlaneContext, ops: GroupOps, stillLeader: () => boolean = () => true): Promise<number> {
+export async function refreshCheckpoints(ctx: RetentionDeps, ops: GroupOps, stillLeader: () => boolean = () => true): Promise<number> {
   const refreshAfterMs = ctx.config.checkpointMaxAgeMs * ctx.config.checkpointRefreshFraction;
   if (refreshAfterMs <= 0) return 0;
-  const [groups, hosts] = await Promise.all([listGroups(ctx), listHosts(ctx)]);
-  const ready = new Set(hosts.filter((h) => h.value.lifecycle.state === 'READY').map((h) => h.value.hostId));
-  const { entries } = await ctx.repos.checkpoints.list();
+  await ctx.fleet.sync();
+  const ready = new Set([...ctx.fleet.hosts()].filter((h) => h.value.lifecycle.state === 'READY').map((h) => h.value.hostId));
+  const groups = [...ctx.fleet.groups()].map((e) => e.value);
+  const checkpoints = [...ctx.fleet.checkpoints()].map((c) => c.record);
   let refreshed = 0;
-  for (const due of checkpointsDueForRefresh(groups.map((e) => e.value), ready, entries.map((e) => e.value), ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass)) {
+  for (const due of checkpointsDueForRefresh(groups, ready, checkpoints, ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass)) {
     if (!stillLeader()) break;
     try {
       await ops.checkpoint(due.groupId, due.period);
@@ -192,10 +205,12 @@ export async function refreshCheckpoints(ctx: ControlPlaneContext, ops: GroupOps
   return refreshed;
 }
 
-export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new ManifestDigestCache(), options: CollectOptions = {}): Promise<CollectResult> {
-  const groups = (await listGroups(ctx)).map((e) => e.value);
-  const { entries } = await ctx.repos.checkpoints.list();
-  const exposure = checkpointExposure(groups, entries.map((e) => e.value), ctx.now());
+export async function collectCheckpoints(ctx: RetentionDeps, cache = new ManifestDigestCache(), options: CollectOptions = {}): Promise<CollectResult> {
+  await ctx.fleet.sync();
+  const groups = [...ctx.fleet.groups()].map((e) => e.value);
+  const entries = [...ctx.fleet.checkpoints()].map((c) => ({ key: c.key, value: c.record }));
+  const now = ctx.now();
+  const exposure = checkpointExposure(groups, entries.map((e) => e.value), now);
   ctx.metrics.checkpointAge.set(Math.max(0, exposure.oldestAgeMs) / 1000);
   ctx.metrics.groupsWithoutCheckpoint.set(exposure.withoutCheckpoint);
   ctx.metrics.checkpointMaxAge.set(ctx.config.checkpointMaxAgeMs / 1000);
@@ -203,7 +218,8 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
   const gone = new Set<string>();
   for (const e of entries) {
     const g = byGroup.get(e.value.groupId);
-    if (g === undefined || g.lifecycle.state === 'DESTROYED' || g.lifecycle.state === 'LOST') gone.add(e.value.groupId);
+    // A checkpoint whose group record the model does not hold is kept: that proves nothing (R-R6).
+    if (g !== undefined && groupGone(g, now, ctx.config.lostRetentionMs)) gone.add(e.value.groupId);
   }
   const pinned = new Set<string>();
   for (const g of groups) {
@@ -240,7 +256,8 @@ export async function collectCheckpoints(ctx: ControlPlaneContext, cache = new M
         }
         if (!inTime()) return { deleted, sweptChunks };
         await ctx.chunks.deleteManifest(sourceHostId, groupId, checkpointId);
-        await ctx.repos.checkpoints.delete(Keys.checkpoint(groupId, checkpointId), e.revision);
+        const stored = await ctx.checkpoints.getVersioned(e.key);
+        if (stored !== undefined) await ctx.checkpoints.delete(e.key, stored.revision);
         deleted.push(checkpointId);
         await ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'checkpoint_deleted', reason: gone.has(groupId) ? 'group_gone' : 'retention', version: checkpointId, detail: { checkpointId } });
       } catch (err) {

@@ -54,14 +54,18 @@ import { ContainerState } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
 import { AgentCommandFailed } from './agent-client.ts';
 import type { Versioned } from '../store/kv-repository.ts';
-import { candidates, isTerminal, listGroups, listHosts } from './fleet.ts';
+import { CommandIds } from '../wire/agent-protocol.ts';
+import { candidates, isTerminal } from './fleet.ts';
+import type { FleetState } from './fleet-state.ts';
 import { GroupOps } from './group-ops.ts';
 import { findTurnCall, isFinalRefusal, keyDigest, recordTurnCall, refusalOutcome, replayOutcome, requestHash, validateIdempotencyKey, valueOutcome, withIdempotency } from './idempotency.ts';
 import { chooseHost } from './placement.ts';
 import { groupView } from './views.ts';
 import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import type { GroupRecord, HeartbeatRecord, HostRecord, MemberRecord } from './records.ts';
-import { Keys, type ControlPlaneContext } from './state.ts';
+import { Keys, type ControlPlaneDeps } from './state.ts';
+
+export type RunnerBackendDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'groups' | 'hosts' | 'checkpoints' | 'conversations' | 'idempotency' | 'chunks' | 'agents' | 'gcLocks' | 'events' | 'metrics' | 'logger' | 'now' | 'replicaId'>;
 
 const MAX_MEMBERS = 16;
 const INVENTORY_TIMEOUT_MS = 10_000;
@@ -119,34 +123,19 @@ class GroupCache {
 }
 
 /**
- * Short-lived copies of host and heartbeat records for the turn hot path: many concurrent turns on
- * one host share one read. The age bound only limits how new the evidence is; whether it is fresh
- * enough is judged from the record's own timestamp (liveEvidence), never from the cache.
+ * LIVE evidence from the read model: the host record (its current epoch) and its latest heartbeat,
+ * both in memory (every replica receives every heartbeat). Whether the evidence is fresh enough is
+ * judged from the heartbeat's own arrival time (liveEvidence), never assumed.
  */
-class EvidenceCache {
-  readonly #hosts = new Map<string, { at: number; value: Promise<HostRecord | undefined> }>();
-  readonly #heartbeats = new Map<string, { at: number; value: Promise<HeartbeatRecord | undefined> }>();
+class Evidence {
+  constructor(private readonly fleet: FleetState) {}
 
-  constructor(private readonly ctx: ControlPlaneContext, private readonly maxAgeMs: number) {}
-
-  host(hostId: string): Promise<HostRecord | undefined> {
-    return this.#cached(this.#hosts, hostId, async () => (await this.ctx.repos.hosts.get(Keys.host(hostId)))?.value);
+  host(hostId: string): HostRecord | undefined {
+    return this.fleet.host(Keys.host(hostId))?.value;
   }
 
-  heartbeat(hostId: string): Promise<HeartbeatRecord | undefined> {
-    return this.#cached(this.#heartbeats, hostId, async () => (await this.ctx.repos.heartbeats.get(Keys.host(hostId)))?.value);
-  }
-
-  #cached<T>(map: Map<string, { at: number; value: Promise<T | undefined> }>, id: string, load: () => Promise<T | undefined>): Promise<T | undefined> {
-    const now = this.ctx.now();
-    const hit = map.get(id);
-    if (hit !== undefined && now - hit.at <= this.maxAgeMs) return hit.value;
-    const value = load();
-    map.set(id, { at: now, value });
-    // A failed read is not cached: the next turn reads again.
-    value.catch(() => { if (map.get(id)?.value === value) map.delete(id); });
-    if (map.size > 4096) map.delete(map.keys().next().value as string);
-    return value;
+  heartbeat(hostId: string): HeartbeatRecord | undefined {
+    return this.fleet.heartbeat(hostId);
   }
 }
 
@@ -182,17 +171,17 @@ function nextContextState(m: MemberSession): ContextState {
 
 export class ControlPlaneRunnerBackend implements RunnerBackend {
   readonly #ops: GroupOps;
-  readonly #evidence: EvidenceCache;
+  readonly #evidence: Evidence;
   readonly #groups = new GroupCache();
   /** How old a heartbeat may be to prove LIVE (two beats: one late beat does not force the slow path). */
   readonly #freshnessMs: number;
   #fastBegins = 0;
   #agentBegins = 0;
 
-  constructor(private readonly ctx: ControlPlaneContext) {
+  constructor(private readonly ctx: RunnerBackendDeps) {
     this.#ops = new GroupOps(ctx);
     this.#freshnessMs = Math.min(ctx.config.heartbeatTtlMs, 2 * ctx.config.heartbeatIntervalMs);
-    this.#evidence = new EvidenceCache(ctx, Math.min(250, ctx.config.heartbeatIntervalMs / 2));
+    this.#evidence = new Evidence(ctx.fleet);
   }
 
   /** Begins decided from heartbeat evidence vs. from a fresh agent inventory (for benchmarks and tests). */
@@ -201,8 +190,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
   }
 
   async #view(g: GroupRecord, revision: number): Promise<GroupView> {
-    const host = await this.ctx.repos.hosts.get(Keys.host(g.lifecycle.hostId));
-    return groupView(g, revision, host?.value.lifecycle.epoch ?? 0);
+    return groupView(g, revision, this.#evidence.host(g.lifecycle.hostId)?.lifecycle.epoch ?? 0);
   }
 
 
@@ -229,10 +217,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
 
     return withIdempotency(this.ctx, 'open', input.idempotencyKey, { conversationId, members }, async () => {
       const convKey = Keys.conversation(conversationId);
-      const conv = await this.ctx.repos.conversations.get(convKey);
+      const conv = await this.ctx.conversations.get(convKey);
       let previous: string | undefined;
       if (conv !== undefined) {
-        const existing = await this.ctx.repos.groups.get(Keys.group(conv.value.groupId));
+        const existing = await this.ctx.groups.get(conv.value.groupId);
         if (existing !== undefined && !isTerminal(existing.value)) {
           if (existing.value.lifecycle.state === 'PENDING') await this.#finishOpening(existing.value);
           return { group: await this.#viewOf(existing.value.groupId), created: false };
@@ -241,10 +229,9 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       }
       // Deterministic id: a retry after a crash finds the group it began to create.
       const groupId = `g-${createHash('sha256').update(`${conversationId}|${previous ?? ''}`).digest('hex').slice(0, 24)}`;
-      let group = (await this.ctx.repos.groups.get(Keys.group(groupId)))?.value;
+      let group = (await this.ctx.groups.get(groupId))?.value;
       if (group === undefined) {
-        const [hosts, groups] = await Promise.all([listHosts(this.ctx), listGroups(this.ctx)]);
-        const chosen = chooseHost(candidates(hosts.map((h) => h.value), groups.map((g) => g.value)), { members: members.length });
+        const chosen = chooseHost(candidates(this.ctx.fleet), { members: members.length });
         if (chosen === undefined) throw new NoCapacity('no_capacity', 'no READY host has room for the group', { details: { members: members.length } });
         const now = this.ctx.now();
         group = {
@@ -258,8 +245,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
           updatedAtMs: now,
         };
         try {
-          await this.ctx.repos.groups.create(Keys.group(groupId), group);
-          await this.ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'group_created', toState: 'PENDING', reason: 'placed', version: 'created', detail: { hostId: chosen.hostId, conversationId, members: members.length } });
+          await this.ctx.groups.create({ record: group, events: [{ type: 'group_created', toState: 'PENDING', reason: 'placed', version: 'created', detail: { hostId: chosen.hostId, conversationId, members: members.length } }] });
         } catch (err) {
           if (!(err instanceof CasConflictError)) throw err;
           group = (await this.#ops.get(groupId)).value;
@@ -275,11 +261,11 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const key = Keys.conversation(conversationId);
     const record = { conversationId, groupId, createdAtMs: this.ctx.now() };
     try {
-      if (revision === undefined) await this.ctx.repos.conversations.create(key, record);
-      else await this.ctx.repos.conversations.update(key, record, revision);
+      if (revision === undefined) await this.ctx.conversations.create(key, record);
+      else await this.ctx.conversations.update(key, record, revision);
     } catch (err) {
       if (!(err instanceof CasConflictError)) throw err;
-      const now = await this.ctx.repos.conversations.get(key);
+      const now = await this.ctx.conversations.get(key);
       if (now?.value.groupId !== groupId) throw err;
     }
   }
@@ -287,10 +273,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
   /** Create and start the containers of a PENDING group on its host. */
   async #finishOpening(group: GroupRecord): Promise<void> {
     const lc = group.lifecycle;
-    const host = await this.ctx.repos.hosts.get(Keys.host(lc.hostId));
+    const host = await this.ctx.hosts.get(lc.hostId);
     if (host === undefined) throw new Unavailable('host_unreachable', `host ${lc.hostId} vanished`, { details: { hostId: lc.hostId } });
     const target = await this.#ops.target(lc.hostId, lc.generation);
-    const created = await this.ctx.agents.send(target, `create-${group.groupId}-g${lc.generation}`, {
+    const created = await this.ctx.agents.send(target, CommandIds.create(group.groupId, lc.generation), {
       $case: 'createGroup',
       value: {
         groupId: group.groupId,
@@ -300,9 +286,9 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         imageDigest: host.value.attestation.imageDigest,
       },
     }, 'createGroup');
-    await this.ctx.repos.groups.mutate(Keys.group(group.groupId), (c) => {
+    await this.ctx.groups.transact(group.groupId, (c) => {
       if (c === undefined || c.lifecycle.generation !== lc.generation) return undefined;
-      return { ...c, members: c.members.map((m) => ({ ...m, containerId: created.containerIds[m.session.memberId] ?? m.containerId })) };
+      return { record: { ...c, members: c.members.map((m) => ({ ...m, containerId: created.containerIds[m.session.memberId] ?? m.containerId })) } };
     });
     await this.#ops.start(group.groupId);
   }
@@ -337,9 +323,9 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
   }
 
   /** Write `next` over exactly the version the decision was made from, and keep it cached. */
-  async #write(groupId: string, next: GroupRecord, revision: number): Promise<void> {
-    const written = await this.ctx.repos.groups.update(Keys.group(groupId), next, revision);
-    this.#groups.set(groupId, { value: next, revision: written });
+  async #write(before: GroupRecord, next: GroupRecord, revision: number): Promise<void> {
+    const written = await this.ctx.groups.put(before, { record: next }, revision);
+    this.#groups.set(before.groupId, written);
   }
 
   async #begin(groupId: string, memberId: string, locator: Locator | undefined, turnId: string, call: Call, useCache: boolean): Promise<BeginTurnView> {
@@ -372,7 +358,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     if (member0.session.phase === 'IN_TURN' && member0.session.inFlight?.turnId === turnId) {
       // A repeat of the turn in flight needs no observation: core replays it (from a fresh read).
       fresh();
-      const host = await this.#evidence.host(g0.lifecycle.hostId);
+      const host = this.#evidence.host(g0.lifecycle.hostId);
       return this.#applyBegin(gv, false, memberId, { turnId, locator }, { containerPresent: true, layerIntact: true }, call, host?.lifecycle.epoch ?? 0);
     }
     if (state === 'PENDING' || state === 'STOPPED') {
@@ -382,7 +368,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
     const g = gv.value;
     const member = g.members.find((m) => m.session.memberId === memberId)!;
-    const [host, heartbeat] = await Promise.all([this.#evidence.host(g.lifecycle.hostId), this.#evidence.heartbeat(g.lifecycle.hostId)]);
+    const host = this.#evidence.host(g.lifecycle.hostId);
+    const heartbeat = this.#evidence.heartbeat(g.lifecycle.hostId);
     const fast = liveEvidence(g, member, host, heartbeat, this.ctx.now(), this.#freshnessMs);
     if (fast !== undefined) {
       this.#fastBegins += 1;
@@ -393,7 +380,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     fresh();
     this.#agentBegins += 1;
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
-    const inventory = await this.ctx.agents.send(target, `inventory-${turnId}-${this.ctx.now()}`, { $case: 'inventory', value: {} }, 'inventory', INVENTORY_TIMEOUT_MS);
+    const inventory = await this.ctx.agents.send(target, CommandIds.inventory(turnId, this.ctx.now()), { $case: 'inventory', value: {} }, 'inventory', INVENTORY_TIMEOUT_MS);
     const c = inventory.containers.find((x) => x.groupId === groupId && x.memberId === memberId && x.placementGeneration === g.lifecycle.generation);
     const present = c !== undefined && c.state !== ContainerState.REMOVING && c.state !== ContainerState.DEAD;
     const running: ProcessIdentity | undefined = c !== undefined && c.state === ContainerState.RUNNING ? { containerId: c.containerId, incarnation: String(c.startedAtUnixMs) } : undefined;
@@ -410,7 +397,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     let running = observed;
     const now = this.ctx.now();
     const g = gv.value;
-    if (g.lifecycle.state !== 'RUNNING') throw new CasConflictError(this.ctx.repos.groups.bucket, Keys.group(g.groupId), gv.revision);
+    if (g.lifecycle.state !== 'RUNNING') throw new CasConflictError(this.ctx.groups.bucket, Keys.group(g.groupId), gv.revision);
     const fresh = (): void => {
       if (cached) throw new NeedsFreshRead();
     };
@@ -458,7 +445,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       members: g.members.map((x) => (x.session.memberId !== memberId ? x : { ...changed, calls: recordTurnCall(seen.calls, 'begin', call.key, call.request, outcome) })),
       updatedAtMs: now,
     };
-    await this.#write(g.groupId, written, gv.revision);
+    await this.#write(g, written, gv.revision);
     if (!o.ok) {
       if (o.contextState === 'LOST') {
         this.ctx.metrics.turns.inc({ context_state: 'LOST', cli });
@@ -490,7 +477,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     try {
       result = await this.ctx.agents.send(
         target,
-        `reclaim-${g.groupId}-${memberId}-${lingering.incarnation}-${turnId}`,
+        CommandIds.reclaim(g.groupId, memberId, lingering.incarnation, turnId),
         { $case: 'restartMember', value: { groupId: g.groupId, memberId, containerId: lingering.containerId, startedAtUnixMs, graceMs } },
         'restartMember',
         INVENTORY_TIMEOUT_MS + graceMs,
@@ -579,7 +566,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       members: current.members.map((x) => (x.session.memberId !== memberId ? x : { ...x, session: o.member, turnProcess: undefined, calls: recordTurnCall(x.calls, 'complete', call.key, call.request, outcome) })),
       updatedAtMs: now,
     };
-    await this.#write(groupId, written, gv.revision);
+    await this.#write(current, written, gv.revision);
     if (o.outcome === 'locator_mismatch') this.ctx.metrics.locatorMismatches.inc({ phase: 'end' });
     if (before.phase !== o.member.phase && (o.member.phase === 'UNCONFIRMED' || o.outcome === 'locator_mismatch')) {
       await this.ctx.events.record({ subjectKind: 'group', subjectId: groupId, type: 'turn_end_refused', reason: o.outcome, version: `${memberId}:${turnId}`, detail: { memberId, turnId } });
@@ -613,7 +600,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     if (query.groupId !== undefined && query.groupId !== '') return this.#viewOf(must(parseGroupId(query.groupId)));
     if (query.conversationId === undefined || query.conversationId === '') throw new InvalidArgument('empty_value', 'groupId or conversationId is required', { details: { field: 'groupId' } });
     const conversationId = must(parseConversationId(query.conversationId));
-    const conv = await this.ctx.repos.conversations.get(Keys.conversation(conversationId));
+    const conv = await this.ctx.conversations.get(Keys.conversation(conversationId));
     if (conv === undefined) throw new NotFound('group_not_found', 'no group for this conversation', { details: { field: 'conversationId' } });
     return this.#viewOf(conv.value.groupId);
   }

@@ -1,6 +1,8 @@
-// Typed repositories over the control plane's buckets and the shared dependencies every service in
-// this folder receives. Key encodings live here so no caller builds a KV key by hand.
-import { createHash } from 'node:crypto';
+// What control-plane services are built from. The composition root (control-plane.ts) holds every
+// dependency in one ControlPlaneDeps; each service declares the few it uses as a Pick of it (its
+// port), so a reader sees from a constructor what a service can touch: most read the fleet from
+// the read model (fleet-state.ts) and write through the one writer of each record kind
+// (group-store.ts, hosts.ts HostStore, checkpoint-index.ts); none gets the raw buckets.
 import type { ControlPlaneConfig } from '../config/control-plane.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
@@ -10,27 +12,32 @@ import type { KvRepository } from '../store/kv-repository.ts';
 import type { Repository } from '../store/sharded-kv-repository.ts';
 import type { AgentPort } from './agent-client.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
+import type { CheckpointIndex } from './checkpoint-index.ts';
 import type { EventRecorder } from './events.ts';
+import type { FleetState } from './fleet-state.ts';
+import type { GroupStore } from './group-store.ts';
+import type { HostStore } from './hosts.ts';
+import type { Clock } from './keys.ts';
 import {
   CheckpointRecordSchema,
   ConversationRecordSchema,
   GcLockRecordSchema,
   GroupRecordSchema,
-  HeartbeatRecordSchema,
   HostRecordSchema,
   IdempotencyRecordSchema,
   type CheckpointRecord,
   type ConversationRecord,
   type GcLockRecord,
   type GroupRecord,
-  type HeartbeatRecord,
   type HostRecord,
   type IdempotencyRecord,
 } from './records.ts';
 
+export { Keys, type Clock } from './keys.ts';
+
+/** The raw buckets: only the stores (and tests that plant records) use these directly. */
 export interface Repositories {
   readonly hosts: KvRepository<HostRecord>;
-  readonly heartbeats: KvRepository<HeartbeatRecord>;
   readonly groups: Repository<GroupRecord>;
   readonly checkpoints: KvRepository<CheckpointRecord>;
   readonly conversations: KvRepository<ConversationRecord>;
@@ -41,7 +48,6 @@ export interface Repositories {
 export function openRepositories(store: StateStore<ControlPlaneBuckets>): Repositories {
   return {
     hosts: store.repository('hosts', HostRecordSchema),
-    heartbeats: store.repository('heartbeats', HeartbeatRecordSchema),
     groups: store.shardedRepository('groups', GroupRecordSchema),
     checkpoints: store.repository('checkpoints', CheckpointRecordSchema),
     conversations: store.repository('conversations', ConversationRecordSchema),
@@ -50,25 +56,18 @@ export function openRepositories(store: StateStore<ControlPlaneBuckets>): Reposi
   };
 }
 
-/** KV keys: ids are validated before they get here; dots (legal in host ids) become `=`. */
-export const Keys = {
-  host: (hostId: string) => hostId.replaceAll('.', '='),
-  group: (groupId: string) => groupId.replaceAll('.', '='),
-  /** `<group>/<checkpoint>` so a group's checkpoints list with one filter... KV tokens allow `/`. */
-  checkpoint: (groupId: string, checkpointId: string) => `${groupId.replaceAll('.', '=')}.${checkpointId.replaceAll('.', '=')}`,
-  checkpointsOf: (groupId: string) => `${groupId.replaceAll('.', '=')}.*`,
-  /** Conversation ids may contain `:`; base64url keeps the key in the KV charset and one-to-one. */
-  conversation: (conversationId: string) => Buffer.from(conversationId, 'utf8').toString('base64url'),
-  /** Idempotency keys are caller-chosen strings: hashed, scoped by operation. */
-  idempotency: (operation: string, key: string) => `${operation}.${createHash('sha256').update(key).digest('hex')}`,
-} as const;
-
-export type Clock = () => number;
-
-/** What every control-plane service gets. */
-export interface ControlPlaneContext {
+/** Everything the control plane is built from; services take a Pick of it. */
+export interface ControlPlaneDeps {
   readonly config: ControlPlaneConfig;
-  readonly repos: Repositories;
+  /** The read model: what loops and queries read (never the buckets). */
+  readonly fleet: FleetState;
+  /** The one writer of each record kind. */
+  readonly groups: GroupStore;
+  readonly hosts: HostStore;
+  readonly checkpoints: CheckpointIndex;
+  readonly conversations: KvRepository<ConversationRecord>;
+  readonly idempotency: KvRepository<IdempotencyRecord>;
+  readonly gcLocks: KvRepository<GcLockRecord>;
   readonly chunks: ChunkStore;
   readonly agents: AgentPort;
   readonly events: EventRecorder;

@@ -2,6 +2,7 @@
 // process must have exited *by itself* after SIGTERM within the grace (so the native CLI flushed its
 // session files), with no turn in flight, and the container plus its writable layer must still exist.
 // The host agent gathers the evidence; this module judges it, so the rule lives in one place.
+import { everyMemberOf } from './exhaustive.ts';
 
 export interface MemberStopEvidence {
   readonly memberId: string;
@@ -38,6 +39,8 @@ export type UncleanReason =
   | 'container_missing'
   | 'writable_layer_missing'
   | 'no_members';
+
+export const UNCLEAN_REASONS = everyMemberOf<UncleanReason>()(['turn_in_flight', 'member_evidence_missing', 'sigterm_not_sent', 'not_exited', 'killed', 'exit_after_grace', 'exit_status_missing', 'container_missing', 'writable_layer_missing', 'no_members']);
 
 export interface UncleanFinding {
   readonly memberId: string;

@@ -3,6 +3,8 @@
 // layer maps each error *category* to one gRPC status in a single table (R-I1). Core only names
 // the status it means (`status`), it does not import gRPC.
 
+import type { LossReason } from './loss.ts';
+
 /** Reasons of bad input (R-R4): the request can never succeed as sent. */
 export type InvalidArgumentReason =
   | 'not_a_string'
@@ -42,7 +44,9 @@ export type PreconditionReason =
   | 'unclean_stop'
   | 'checkpoint_not_usable'
   | 'host_not_ready'
-  | 'attestation_refused';
+  | 'attestation_refused'
+  /** An operation ended the group LOST (e.g. a migration whose checkpoint the target refused): why. */
+  | LossReason;
 
 /** Reasons a write lost a compare-and-set race: re-read and redo the read-modify-write. */
 export type ConflictReason = 'cas_conflict';

@@ -8,6 +8,7 @@ import { err, ok, type Result } from './result.ts';
 import type { StopVerdict } from './clean-stop.ts';
 import type { CheckpointAssessment } from './checkpoint.ts';
 import type { LossReason } from './loss.ts';
+import { everyMemberOf } from './exhaustive.ts';
 
 export type GroupState =
   /** Created and placed on `hostId`; member containers being created. No turn has run. */
@@ -24,6 +25,8 @@ export type GroupState =
   | 'LOST'
   /** Terminal: destroyed by explicit request. */
   | 'DESTROYED';
+
+export const GROUP_STATES = everyMemberOf<GroupState>()(['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']);
 
 export interface GroupLifecycle {
   readonly state: GroupState;

@@ -4,6 +4,7 @@
 import { PreconditionFailed } from './errors.ts';
 import { err, ok, type Result } from './result.ts';
 import type { AttestationReason } from './attestation.ts';
+import { everyMemberOf } from './exhaustive.ts';
 
 export type HostState =
   /** A registration arrived with a new epoch; attestation not yet evaluated. No placements. */
@@ -21,6 +22,8 @@ export type HostState =
   /** Taken out of the fleet for this epoch; it must re-register (new epoch) to come back (R-H6). */
   | 'REMOVED';
 
+export const HOST_STATES = everyMemberOf<HostState>()(['REGISTERING', 'UNATTESTED', 'READY', 'DRAINING', 'SUSPECT', 'DEAD', 'REMOVED']);
+
 /** Why a host is going away (R-H5). */
 export type RemovalSource =
   | 'operator_drain'
@@ -34,6 +37,11 @@ export type RemovalSource =
   | 'lease_ending'
   | 'heartbeat_lost'
   | 'docker_data_lost';
+
+export const REMOVAL_SOURCES = everyMemberOf<RemovalSource>()([
+  'operator_drain', 'operator_remove', 'node_deleted', 'node_cordoned', 'disruption_taint',
+  'spot_preemption', 'reclaim_notice', 'lease_ending', 'heartbeat_lost', 'docker_data_lost',
+]);
 
 export interface HostLifecycle {
   readonly state: HostState;

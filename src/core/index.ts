@@ -17,3 +17,4 @@ export * from './checkpoint-retention.ts';
 export * from './loss.ts';
 export * from './turn-end-evidence.ts';
 export * from './member-session.ts';
+export * from './host-copy.ts';

@@ -12,6 +12,7 @@
 import { IdentityRefused, InvalidArgument, NotFound, Unavailable } from './errors.ts';
 import { parseLocator, type Locator } from './ids.ts';
 import type { CliKind, NotEndedCause, TurnEnd } from './turn-end-evidence.ts';
+import { everyMemberOf } from './exhaustive.ts';
 
 /** Which process ran a turn: the container and the process's start identity within it. */
 export interface ProcessIdentity {
@@ -36,8 +37,12 @@ export type MemberPhase =
   /** Terminal: native state or container integrity cannot be confirmed; every begin is refused. */
   | 'LOST';
 
+export const MEMBER_PHASES = everyMemberOf<MemberPhase>()(['FRESH', 'IN_TURN', 'RETAINED', 'UNCONFIRMED', 'LOST']);
+
 /** Context state reported to the runner on every turn (R-S1). */
 export type ContextState = 'NEW' | 'LIVE' | 'RESTORED' | 'LOST';
+
+export const CONTEXT_STATES = everyMemberOf<ContextState>()(['NEW', 'LIVE', 'RESTORED', 'LOST']);
 
 export type MemberLossReason =
   | 'turn_unconfirmed'
@@ -48,6 +53,8 @@ export type MemberLossReason =
   | 'group_lost';
 
 export type UnconfirmedCause = NotEndedCause | 'stopped_mid_turn' | 'cleanup_unfinished' | 'transport_unusable' | 'locator_unobserved';
+
+export const UNCONFIRMED_CAUSES = everyMemberOf<UnconfirmedCause>()(['command_rejected', 'transport_disconnect', 'timeout', 'cancelled', 'no_end_event', 'stopped_mid_turn', 'cleanup_unfinished', 'transport_unusable', 'locator_unobserved']);
 
 export interface InFlightTurn {
   readonly turnId: string;
@@ -72,6 +79,8 @@ export type TurnOutcome =
   | 'locator_mismatch'
   /** No (valid) locator observed at the turn end: refused, member UNCONFIRMED. */
   | 'locator_missing';
+
+export const TURN_OUTCOMES = everyMemberOf<TurnOutcome>()(['completed', 'failed_kept', 'failed_before_session', 'unconfirmed', 'locator_mismatch', 'locator_missing']);
 
 export interface MemberSession {
   readonly memberId: string;

@@ -3,8 +3,10 @@
 // disconnect, a timeout or a cancellation is never a turn end. The table says, per CLI, which native
 // event ends a turn, whether it must name the current turn, and how success is read from it.
 
+import { everyMemberOf } from './exhaustive.ts';
+
 export type CliKind = 'claude_code' | 'codex' | 'pi' | 'opencode' | 'kilo';
-export const CLI_KINDS: readonly CliKind[] = ['claude_code', 'codex', 'pi', 'opencode', 'kilo'];
+export const CLI_KINDS = everyMemberOf<CliKind>()(['claude_code', 'codex', 'pi', 'opencode', 'kilo']);
 
 /** A native event the driver saw, reduced to the fields the rules read. */
 export interface NativeEndEvent {

@@ -1,6 +1,9 @@
-// The host agent (one per host, R-H1..R-H7): attests its engine and image, registers for an epoch,
-// cleans up groups it no longer owns (R-H6), executes fenced commands from the control plane, and
-// heartbeats its inventory. Lifecycle, each state saying what holds in it:
+// The host agent (one per host, R-H1..R-H7): attests its engine and image, registers for an epoch
+// naming the group copies it holds, acts on the control plane's verdict for each (delete only on
+// the positive proof the verdict carries, R-H6, R-R6), executes fenced commands from the control
+// plane, and heartbeats its inventory. Told that its reports are fenced (a zombie back from a
+// freeze or partition), it stops taking commands of that epoch and registers again by itself.
+// Lifecycle, each state saying what holds in it:
 //   NEW         constructed; nothing touched.
 //   REGISTERING attested; waiting for a RegistrationAck (retrying with backoff). No commands yet.
 //   RUNNING     has an epoch; commands are accepted (fenced) and heartbeats flow.
@@ -11,7 +14,7 @@ import { existsSync } from 'node:fs';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import type { DockerRuntime } from '../docker/runtime.ts';
-import type { Registration, RegistrationAck } from '../gen/sandboxfleet/v1/agent.ts';
+import { AgentCommand, CopyAction, type FencedNotice, type GroupCopy, type Registration, type RegistrationAck } from '../gen/sandboxfleet/v1/agent.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -65,6 +68,12 @@ export class HostAgent {
   private health: HostHealth | undefined;
   private readonly inflight = new Set<Promise<void>>();
   private readonly abort = new AbortController();
+  /** The group copies this host held at its last registration (the verdicts name them). */
+  private copies: GroupCopy[] = [];
+  /** Told the host left the fleet on purpose: no heartbeats, no commands, until restarted. */
+  private retired = false;
+  /** A re-registration under way (a fenced notice starts one; repeats join it). */
+  private reregistering: Promise<RegistrationAck> | undefined;
 
   constructor(private readonly deps: HostAgentDeps) {
     this.nowMs = deps.nowMs ?? Date.now;
@@ -186,11 +195,36 @@ export class HostAgent {
    */
   async reregister(): Promise<RegistrationAck> {
     if (this.stateValue !== 'RUNNING') throw new HostAgentError('invalid_state', `reregister() in state ${this.stateValue}`);
-    const { config, runtime } = this.deps;
-    const groups = new GroupOps({ runtime, config, imageId: () => this.attested!.probe.imageId, nowMs: this.nowMs });
-    const ack = await this.registerOnce(groups);
-    await this.heartbeater?.tick();
-    return ack;
+    this.reregistering ??= (async () => {
+      const { config, runtime } = this.deps;
+      const groups = new GroupOps({ runtime, config, imageId: () => this.attested!.probe.imageId, nowMs: this.nowMs });
+      const ack = await this.registerOnce(groups);
+      await this.heartbeater?.tick();
+      return ack;
+    })().finally(() => { this.reregistering = undefined; });
+    return this.reregistering;
+  }
+
+  /**
+   * The control plane fenced a report of this agent (R-H6): the epoch it reported with is not the
+   * host's live one any more (declared DEAD or REMOVED while this process was frozen or cut off, or
+   * a newer registration). Stop acting on commands of that epoch at once, then register again.
+   * A notice about an epoch this agent no longer holds is old news and ignored.
+   */
+  private onFenced(reportedEpoch: number, notice: FencedNotice): void {
+    if (this.stateValue !== 'RUNNING' || this.fence.epoch !== reportedEpoch) return;
+    this.fence.revoke();
+    this.agentMetrics.fencedNotices.inc({ reason: notice.reason.slice(0, 32) || 'unspecified' });
+    if (notice.reason === 'host_retired') {
+      // Drained or removed on purpose: stay out (no commands, no heartbeats) until restarted.
+      if (this.retired) return;
+      this.retired = true;
+      this.log.error({ epoch: reportedEpoch }, 'this host was drained or removed on purpose: no more work; restart the agent to rejoin the fleet');
+      void this.heartbeater?.stop();
+      return;
+    }
+    this.log.warn({ epoch: reportedEpoch, currentEpoch: notice.currentEpoch, reason: notice.reason }, 'the control plane fenced this agent\'s epoch: registering again');
+    void this.reregister().catch((err: unknown) => this.log.error({ err }, 're-registration after a fenced notice failed'));
   }
 
   /** A spot/preemption notice (R-H5), e.g. from SIGUSR2 or a metadata watcher. */
@@ -224,11 +258,23 @@ export class HostAgent {
       capacity: { maxMembers: config.maxMembers, usedMembers: 0, diskFreeBytes: 0, memoryAvailableBytes: 0 },
       requestedLeaseEndUnixMs: config.leaseEndUnixMs,
       sentAtUnixMs: this.nowMs(),
+      groupCopies: this.copies,
     };
+  }
+
+  /** The groups this host holds containers of, with the newest generation of each (labels). */
+  private async groupCopies(): Promise<GroupCopy[]> {
+    const newest = new Map<string, number>();
+    for (const c of await this.deps.runtime.listMembers()) {
+      if (c.member === undefined) continue;
+      newest.set(c.member.groupId, Math.max(newest.get(c.member.groupId) ?? 0, c.member.placementGeneration));
+    }
+    return [...newest].map(([groupId, maxGeneration]) => ({ groupId, maxGeneration })).slice(0, 4096);
   }
 
   private async registerOnce(groups: GroupOps): Promise<RegistrationAck> {
     const { config } = this.deps;
+    this.copies = await this.groupCopies();
     const ack = await register(this.deps.nc, () => this.registration(), {
       timeoutMs: config.registerTimeoutMs,
       maxBackoffMs: config.registerMaxBackoffMs,
@@ -242,18 +288,30 @@ export class HostAgent {
       this.log.error({ reasons: ack.refusalReasons, mismatches: ack.mismatches }, 'attestation refused: this host takes no work (R-H2)');
       return ack;
     }
-    await this.removeUnowned(groups, ack.ownedGroupIds);
+    await this.applyVerdicts(groups, ack);
     return ack;
   }
 
-  /** R-H6: containers of groups the control plane says this host no longer owns are deleted. */
-  private async removeUnowned(groups: GroupOps, owned: readonly string[]): Promise<void> {
-    const keep = new Set(owned);
-    const present = new Set((await this.deps.runtime.listMembers()).flatMap((c) => (c.member ? [c.member.groupId] : [])));
-    for (const groupId of present) {
-      if (keep.has(groupId)) continue;
-      const removed = await groups.delete(groupId);
-      this.log.warn({ groupId, removed: removed.length }, 'deleted containers of a group this host no longer owns (R-H6)');
+  /**
+   * R-H6, R-R6: act on the control plane's verdict for each group copy named at registration. Only a
+   * DELETE verdict deletes, and only the generations it names; a copy without a verdict is kept.
+   */
+  private async applyVerdicts(groups: GroupOps, ack: RegistrationAck): Promise<void> {
+    const named = new Set(this.copies.map((c) => c.groupId));
+    for (const v of ack.copyVerdicts) {
+      if (!named.has(v.groupId)) continue;
+      try {
+        if (v.action === CopyAction.DELETE) {
+          const removed = await groups.delete(v.groupId, v.upToGeneration);
+          this.fence.forget(v.groupId);
+          this.log.warn({ groupId: v.groupId, reason: v.reason, upToGeneration: v.upToGeneration, removed: removed.length }, 'deleted a group copy the control plane proved is not needed');
+        } else if (v.action === CopyAction.STOP) {
+          const stopped = await groups.stopAll(v.groupId, this.deps.config.defaultStopGraceMs);
+          if (stopped.length > 0) this.log.warn({ groupId: v.groupId, reason: v.reason, stopped: stopped.length }, 'stopped the containers of a LOST group; their layers are kept');
+        }
+      } catch (err) {
+        this.log.error({ err, groupId: v.groupId, action: v.action }, 'acting on a group-copy verdict failed; kept as it is');
+      }
     }
   }
 
@@ -264,6 +322,11 @@ export class HostAgent {
       callback: (err, msg) => {
         if (err) {
           this.log.warn({ err }, 'command subscription error');
+          return;
+        }
+        if (msg.reply === undefined || msg.reply === '') {
+          // Published, not requested: only a fenced notice is sent that way.
+          this.onNotice(msg.data);
           return;
         }
         const task = handler.handleBytes(msg.data).then(
@@ -277,5 +340,20 @@ export class HostAgent {
         this.inflight.add(tracked);
       },
     });
+  }
+
+  private onNotice(data: Uint8Array): void {
+    let cmd: AgentCommand;
+    try {
+      cmd = AgentCommand.decode(data);
+    } catch (err) {
+      this.log.warn({ err }, 'undecodable notice on the command subject');
+      return;
+    }
+    if (cmd.command?.$case !== 'fenced' || cmd.hostId !== this.deps.config.hostId) {
+      this.log.warn({ command: cmd.command?.$case }, 'a command without a reply subject: ignored');
+      return;
+    }
+    this.onFenced(cmd.hostEpoch, cmd.command.value);
   }
 }

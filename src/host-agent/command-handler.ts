@@ -40,7 +40,7 @@ export interface CommandHandlerDeps {
 /** Group id of a group-scoped command; undefined for host-scoped ones (inventory, probe). */
 function groupIdOf(cmd: AgentCommand): string | undefined {
   const c = cmd.command;
-  if (c === undefined || c.$case === 'inventory' || c.$case === 'probe') return undefined;
+  if (c === undefined || c.$case === 'inventory' || c.$case === 'probe' || c.$case === 'fenced') return undefined;
   return c.value.groupId;
 }
 
@@ -152,7 +152,8 @@ export class CommandHandler {
         return { payload: { $case: 'restore', value } };
       }
       case 'deleteGroup':
-        return { payload: { $case: 'deleteGroup', value: { removedContainerIds: await deps.groups.delete(groupId) } } };
+        // Only this placement and older ones: a delete decided about a placement never reaches a newer one (R-R6).
+        return { payload: { $case: 'deleteGroup', value: { removedContainerIds: await deps.groups.delete(groupId, gen) } } };
       default:
         throw refused('malformed', `not a group command: ${c.$case}`);
     }

@@ -11,6 +11,7 @@ export type FenceVerdict = { readonly ok: true } | { readonly ok: false; readonl
 
 export class FenceState {
   private epochValue: number | undefined;
+  private revoked = false;
   private readonly generations = new Map<string, number>();
 
   /** The current epoch, or undefined before the first RegistrationAck. */
@@ -23,6 +24,15 @@ export class FenceState {
     if (!Number.isSafeInteger(epoch) || epoch <= 0) throw new RangeError(`host epoch must be a positive integer, got ${epoch}`);
     if (this.epochValue !== undefined && epoch < this.epochValue) throw new RangeError(`host epoch went backwards: ${this.epochValue} → ${epoch}`);
     this.epochValue = epoch;
+    this.revoked = false;
+  }
+
+  /**
+   * The control plane fenced the current epoch: refuse every command until the next registration
+   * sets a new epoch (the epoch itself is kept so that one can only grow).
+   */
+  revoke(): void {
+    this.revoked = true;
   }
 
   generationOf(groupId: string): number | undefined {
@@ -42,6 +52,7 @@ export class FenceState {
   /** Judge a command's tokens. `groupId` undefined for host-scoped commands (inventory, probe). */
   check(epoch: number, groupId: string | undefined, generation: number): FenceVerdict {
     if (this.epochValue === undefined) return { ok: false, reason: 'not_registered', detail: 'no registration acknowledged yet' };
+    if (this.revoked) return { ok: false, reason: 'stale_epoch', detail: `epoch ${this.epochValue} was fenced by the control plane; registering again` };
     const epochOnly = checkFence({ epoch }, { epoch: this.epochValue });
     if (!epochOnly.ok) return { ok: false, reason: epochOnly.error.reason, detail: `${epochOnly.error.message} (command ${epoch}, agent ${this.epochValue})` };
     if (groupId === undefined) return { ok: true };

@@ -188,13 +188,28 @@ export class GroupOps {
     };
   }
 
-  /** Remove every container of the group (any generation) with its writable layer. */
-  async delete(groupId: string): Promise<string[]> {
+  /**
+   * Remove the group's containers of placement generation ≤ `upToGeneration`, with their writable
+   * layers; a newer placement's containers stay (the decision to delete was about an older one).
+   */
+  async delete(groupId: string, upToGeneration: number): Promise<string[]> {
     const all = await this.deps.runtime.listMembers(groupId);
     const removed: string[] = [];
     for (const c of all) {
+      if (c.member === undefined || c.member.placementGeneration > upToGeneration) continue;
       if ((await this.deps.runtime.remove(c.id, { force: true })).removed) removed.push(c.id);
     }
     return removed;
+  }
+
+  /** Stop the group's running containers (SIGTERM, then SIGKILL after `graceMs`); layers stay. */
+  async stopAll(groupId: string, graceMs: number): Promise<string[]> {
+    const stopped: string[] = [];
+    for (const c of await this.deps.runtime.listMembers(groupId)) {
+      if (!c.running) continue;
+      await this.deps.runtime.stop(c.id, Math.ceil(graceMs / 1000));
+      stopped.push(c.id);
+    }
+    return stopped;
   }
 }

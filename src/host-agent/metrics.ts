@@ -10,6 +10,8 @@ export class AgentMetrics {
   readonly heartbeats: Counter<'result'>;
   readonly registrations: Counter<'result'>;
   readonly notices: Counter<'source'>;
+  /** Fenced notices received from the control plane (each starts a re-registration), by reason. */
+  readonly fencedNotices: Counter<'reason'>;
 
   constructor(readonly fleet: FleetMetrics) {
     const registers = [fleet.registry];
@@ -17,6 +19,7 @@ export class AgentMetrics {
     this.commandDuration = new Histogram({ name: 'sandboxfleet_agent_command_duration_seconds', help: 'Agent command execution time', labelNames: ['command'], buckets: [0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
     this.heartbeats = new Counter({ name: 'sandboxfleet_agent_heartbeats_total', help: 'Heartbeats published, by result', labelNames: ['result'], registers });
     this.registrations = new Counter({ name: 'sandboxfleet_agent_registrations_total', help: 'Registration attempts, by result', labelNames: ['result'], registers });
+    this.fencedNotices = new Counter({ name: 'sandboxfleet_agent_fenced_notices_total', help: 'Notices that this agent\'s epoch was fenced (each starts a re-registration), by reason', labelNames: ['reason'], registers });
     this.notices = new Counter({ name: 'sandboxfleet_agent_reclaim_notices_total', help: 'Reclaim notices (spot/preemption) published, by source', labelNames: ['source'], registers });
   }
 

@@ -30,7 +30,10 @@ export interface RegisterOptions {
 export function validateAck(ack: RegistrationAck, hostId: string): void {
   if (ack.hostId !== hostId) throw new RegistrationError('ack_wrong_host', `ack is for host ${ack.hostId}, not ${hostId}`);
   if (!Number.isSafeInteger(ack.hostEpoch) || ack.hostEpoch <= 0) throw new RegistrationError('ack_invalid', `ack carries epoch ${ack.hostEpoch}`);
-  if (ack.ownedGroupIds.length > 100_000) throw new RegistrationError('ack_invalid', 'ack names too many owned groups');
+  if (ack.copyVerdicts.length > 4096) throw new RegistrationError('ack_invalid', 'ack carries too many group-copy verdicts');
+  for (const v of ack.copyVerdicts) {
+    if (!Number.isSafeInteger(v.upToGeneration) || v.upToGeneration < 0) throw new RegistrationError('ack_invalid', `verdict for ${v.groupId.slice(0, 64)} names generation ${v.upToGeneration}`);
+  }
 }
 
 /** Send a registration and wait for the ack, retrying forever (until `signal` aborts). */

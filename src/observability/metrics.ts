@@ -21,8 +21,12 @@ export class FleetMetrics {
   readonly lostSessions: LostSessionsCounter;
   readonly groups: Gauge<'state'>;
   readonly hosts: Gauge<'state'>;
-  /** Per registered (not REMOVED) host, set by the leader's liveness loop; DEAD hosts keep growing. */
+  /**
+   * Per registered (not REMOVED) host, computed when scraped from the read model (see
+   * setHeartbeatAgeSource); DEAD hosts keep growing.
+   */
   readonly heartbeatAge: Gauge<'host'>;
+  #heartbeatAges: (() => readonly { readonly hostId: string; readonly ageSeconds: number }[]) | undefined;
   readonly attestationRefusals: Counter<'reason'>;
   readonly checkpointBytes: Counter<'kind'>;
   readonly checkpointDuration: Histogram<'phase'>;
@@ -49,6 +53,15 @@ export class FleetMetrics {
   readonly gcPasses: Counter<'result'>;
   /** What GC deleted: checkpoints (manifest + index) and chunks. */
   readonly gcDeleted: Counter<'kind'>;
+  /** Revisions the read model is behind its buckets at the last revision check (0 when caught up). */
+  readonly readModelLag: Gauge<never>;
+  /** Records the read model holds, and records it keeps aside because they fail validation. */
+  readonly readModelRecords: Gauge<'bucket' | 'validity'>;
+  /** Verdicts on a registering host's group copies (keep/stop/delete), by reason. */
+  readonly hostCopyVerdicts: Counter<'action' | 'reason'>;
+  /** Keys waiting in a reconciler's queue, and reconciles by result. */
+  readonly reconcileQueueDepth: Gauge<'queue'>;
+  readonly reconciles: Counter<'queue' | 'result'>;
 
   constructor(registry: Registry = new Registry(), options: { defaultMetrics?: boolean } = {}) {
     this.registry = registry;
@@ -59,7 +72,16 @@ export class FleetMetrics {
     this.groups = new Gauge({ name: 'sandboxfleet_groups', help: 'Sandbox groups by lifecycle state', labelNames: ['state'], registers });
     this.hosts = new Gauge({ name: 'sandboxfleet_hosts', help: 'Hosts by lifecycle state', labelNames: ['state'], registers });
     // Hosts are bounded (tens to hundreds) and operators need to know which one is silent.
-    this.heartbeatAge = new Gauge({ name: 'sandboxfleet_host_heartbeat_age_seconds', help: 'Seconds since the last accepted heartbeat', labelNames: ['host'], registers });
+    const ages = (): readonly { readonly hostId: string; readonly ageSeconds: number }[] | undefined => this.#heartbeatAges?.();
+    this.heartbeatAge = new Gauge({
+      name: 'sandboxfleet_host_heartbeat_age_seconds', help: 'Seconds since the last accepted heartbeat', labelNames: ['host'], registers,
+      collect() {
+        const now = ages();
+        if (now === undefined) return;
+        this.reset();
+        for (const a of now) this.set({ host: a.hostId }, a.ageSeconds);
+      },
+    });
     this.attestationRefusals = new Counter({ name: 'sandboxfleet_attestation_refusals_total', help: 'Host attestation refusals, by reason', labelNames: ['reason'], registers });
     this.checkpointBytes = new Counter({ name: 'sandboxfleet_checkpoint_bytes_total', help: 'Checkpoint bytes, by kind (layer = logical, stored = new chunk bytes written)', labelNames: ['kind'], registers });
     this.checkpointDuration = new Histogram({ name: 'sandboxfleet_checkpoint_duration_seconds', help: 'Checkpoint and restore phase durations', labelNames: ['phase'], buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
@@ -74,6 +96,11 @@ export class FleetMetrics {
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
     this.gcPasses = new Counter({ name: 'sandboxfleet_checkpoint_gc_passes_total', help: 'Checkpoint GC passes, by result (swept, deferred while a checkpoint was in progress, idle)', labelNames: ['result'], registers });
     this.gcDeleted = new Counter({ name: 'sandboxfleet_checkpoint_gc_deleted_total', help: 'Checkpoints and chunks deleted by checkpoint GC', labelNames: ['kind'], registers });
+    this.readModelLag = new Gauge({ name: 'sandboxfleet_read_model_lag_revisions', help: 'Revisions the read model is behind its buckets at the last check (0: caught up)', registers });
+    this.readModelRecords = new Gauge({ name: 'sandboxfleet_read_model_records', help: 'Records in the read model by bucket, and records kept aside as invalid', labelNames: ['bucket', 'validity'], registers });
+    this.hostCopyVerdicts = new Counter({ name: 'sandboxfleet_host_copy_verdicts_total', help: 'Verdicts on group copies a registering host holds (keep, stop, delete), by reason', labelNames: ['action', 'reason'], registers });
+    this.reconcileQueueDepth = new Gauge({ name: 'sandboxfleet_reconcile_queue_depth', help: 'Keys waiting in a reconcile queue (ready, parked or running)', labelNames: ['queue'], registers });
+    this.reconciles = new Counter({ name: 'sandboxfleet_reconciles_total', help: 'Reconciles by queue and result (ok, error)', labelNames: ['queue', 'result'], registers });
     this.casConflicts = new Counter({ name: 'sandboxfleet_state_cas_conflicts_total', help: 'Compare-and-set conflicts on state writes, by bucket', labelNames: ['bucket'], registers });
     // Alerts use increase(); a labelled series that first appears at 1 shows no increase, so the
     // first LOST (or refusal) of a reason after a restart would never page. Export every known
@@ -83,9 +110,12 @@ export class FleetMetrics {
     for (const result of ['swept', 'deferred', 'idle']) this.gcPasses.inc({ result }, 0);
   }
 
-  /** A host left the fleet (REMOVED or deleted): drop its heartbeat-age series so the missing-heartbeat alert stops. */
-  forgetHost(hostId: string): void {
-    this.heartbeatAge.remove({ host: hostId });
+  /**
+   * Where scrapes read heartbeat ages from (the control plane's read model: every registered host,
+   * REMOVED and deleted ones excluded, so the missing-heartbeat alert stops for a host that left).
+   */
+  setHeartbeatAgeSource(source: () => readonly { readonly hostId: string; readonly ageSeconds: number }[]): void {
+    this.#heartbeatAges = source;
   }
 
   /**
@@ -93,7 +123,6 @@ export class FleetMetrics {
    * deposed replica does not export a frozen value next to the new leader's (alerts read max()).
    */
   leadershipLost(): void {
-    this.heartbeatAge.reset();
     this.hosts.reset();
     this.groups.reset();
     this.checkpointAge.set(0);

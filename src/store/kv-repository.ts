@@ -91,6 +91,11 @@ export class KvRepository<T> {
     return this.#codec.maxBytes;
   }
 
+  /** The physical buckets behind this repository: itself (a sharded one has several). */
+  get parts(): readonly KvRepository<T>[] {
+    return [this];
+  }
+
   /** Default and maximum number of keys one keys()/list() returns. */
   get maxListKeys(): number {
     return this.#maxList;
@@ -256,6 +261,18 @@ export class KvRepository<T> {
     } finally {
       opts.signal?.removeEventListener('abort', onAbort);
       iter.stop();
+    }
+  }
+
+  /**
+   * The bucket's last stream sequence: every revision written so far is ≤ it. A read model that has
+   * applied a watch up to this revision has seen every write made before this call (sync barrier).
+   */
+  async lastRevision(): Promise<number> {
+    try {
+      return (await this.#kv.status()).streamInfo.state.last_seq;
+    } catch (err) {
+      throw translateReadError(err, `${this.bucket} status`);
     }
   }
 

@@ -13,7 +13,10 @@ import type { RecordInvalidError } from './errors.ts';
 import type { KeyedVersioned, KvRepository, ListOptions, MutateOptions, Versioned } from './kv-repository.ts';
 
 /** What the control plane needs from a bucket of records, sharded or not. */
-export type Repository<T> = Pick<KvRepository<T>, 'bucket' | 'maxRecordBytes' | 'get' | 'create' | 'update' | 'delete' | 'mutate' | 'keys' | 'list'>;
+export type Repository<T> = Pick<KvRepository<T>, 'bucket' | 'maxRecordBytes' | 'get' | 'create' | 'update' | 'delete' | 'mutate' | 'keys' | 'list'> & {
+  /** The physical buckets, each watched on its own (a read model follows every one). */
+  readonly parts: readonly KvRepository<T>[];
+};
 
 /** Most shards a logical bucket may have (each is a stream, and a Raft group in a cluster). */
 export const MAX_SHARDS = 64;
@@ -41,6 +44,10 @@ export class ShardedKvRepository<T> implements Repository<T> {
 
   get maxRecordBytes(): number {
     return this.#shards[0]!.maxRecordBytes;
+  }
+
+  get parts(): readonly KvRepository<T>[] {
+    return this.#shards;
   }
 
   /** The shard repository that holds `key`. */

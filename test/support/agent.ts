@@ -23,6 +23,7 @@ import {
   ProbeEchoAck,
   ReclaimNotice,
   Registration,
+  type CopyVerdict,
   RegistrationAck,
 } from '../../src/gen/sandboxfleet/v1/agent.ts';
 import { HostState } from '../../src/gen/sandboxfleet/v1/common.ts';
@@ -38,7 +39,8 @@ export interface ResponderOptions {
   readonly firstEpoch?: number;
   readonly admitted?: boolean;
   /** Owned groups per answer (called per registration, so a test can change it between them). */
-  readonly ownedGroupIds?: (hostId: string) => readonly string[];
+  /** The verdicts on the group copies a registration names (default: none, so every copy is kept). */
+  readonly copyVerdicts?: (reg: Registration) => readonly CopyVerdict[];
 }
 
 export interface RegistrationResponder {
@@ -71,7 +73,7 @@ export function registrationResponder(nc: NatsConnection, options: ResponderOpti
         refusalReasons: admitted ? [] : ['bridge_version'],
         mismatches: [],
         heartbeatIntervalMs: 1000,
-        ownedGroupIds: [...(options.ownedGroupIds?.(reg.hostId) ?? [])],
+        copyVerdicts: [...(options.copyVerdicts?.(reg) ?? [])],
       };
       msg.respond(RegistrationAck.encode(ack).finish());
       for (const w of waiters.splice(0)) {

@@ -85,7 +85,7 @@ beforeAll(async () => {
   const chunks = await ChunkStore.open(nc);
   const config = ControlPlaneConfigSchema.parse({ reconcileIntervalMs: 200 });
   plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'cp-admin-test' });
-  plane.start();
+  await plane.start();
   server = await ApiServer.start({
     runner: plane.runner, admin: createAdminHandlers(plane), address: '127.0.0.1:0',
     security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } },

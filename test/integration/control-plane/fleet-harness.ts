@@ -138,7 +138,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
         ...(opts.autoReconcile !== undefined ? { autoReconcile: opts.autoReconcile } : {}),
         ...(opts.elector !== undefined ? { elector: opts.elector } : {}),
       });
-      plane.start();
+      await plane.start();
       planes.push(plane);
       return plane;
     },

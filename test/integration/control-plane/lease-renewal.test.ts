@@ -11,18 +11,19 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AgentSubjects } from '../../../src/core/agent-subjects.ts';
 import { Heartbeat, Registration, RegistrationAck } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { API_SHA } from '../../../src/gen/api-sha.ts';
-import { HeartbeatRecordSchema, type HostRecord } from '../../../src/control-plane/records.ts';
-import { Keys } from '../../../src/control-plane/state.ts';
+import type { HostRecord } from '../../../src/control-plane/records.ts';
+import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { TEST_AGENT_SHA } from '../../support/agent.ts';
 import { startFleet, type Fleet } from './fleet-harness.ts';
 
 const TERM_MS = 4_000;
 const MARGIN_MS = 1_500;
 let fleet: Fleet;
+let plane: ControlPlane;
 
 beforeAll(async () => {
   fleet = await startFleet(1, { leaseTermMs: TERM_MS, drainMarginMs: MARGIN_MS, heartbeatTtlMs: 8_000, deadGraceMs: 4_000, stallThresholdMs: 5_000 });
-  await fleet.startPlane();
+  plane = await fleet.startPlane();
 }, 120_000);
 
 afterAll(async () => {
@@ -129,7 +130,8 @@ describe('fixed lease term', () => {
       expect(set?.reason).toBe('fixed_and_renewable');
       expect(set?.detail).toMatchObject({ fixedEndMs: fixedEnd, renewTermMs: TERM_MS });
       // Heartbeats were still being accepted when the drain started (the lease, not silence, drained it).
-      const lastBeat = (await fleet.store.repository('heartbeats', HeartbeatRecordSchema).get(Keys.host('host-fixed')))!.value;
+      // Heartbeats live in the control plane's read model (memory), not in a bucket.
+      const lastBeat = plane.fleet.heartbeat('host-fixed')!;
       expect(lastBeat.receivedAtMs).toBeGreaterThanOrEqual(drained!.timeMs - 1_000);
       expect(sim.sent()).toBeGreaterThan(20);
     } finally {

@@ -119,21 +119,37 @@ describe('planned departure: drain', () => {
   });
 });
 
-describe('zombie host', () => {
-  it('fences the removed host and has it delete groups it no longer owns after re-registering', async () => {
+describe('removed host', () => {
+  it('fences the drained host, which stays out until restarted; restarted, a LOST group\'s layers stay (stopped) on it', async () => {
     const agentA = fleet.agents.get('host-a')!;
     const oldEpoch = agentA.agent.epoch!;
-    const before = await metricValue('sandboxfleet_fenced_reports_total', { kind: 'heartbeat' });
-    await fleet.waitFor('fenced heartbeats from the removed host', async () => ((await metricValue('sandboxfleet_fenced_reports_total', { kind: 'heartbeat' })) > before ? true : undefined));
     const docker = fleet.hosts[0]!.docker;
     const labelled = async () => (await docker.listContainers({ all: true })).filter((c) => Object.values(c.Labels ?? {}).includes(drained.unclean));
     expect((await labelled()).length).toBeGreaterThan(0);
+    // The drained host is REMOVED (its epoch ended) while its agent still runs: its heartbeat is
+    // fenced and recorded, and the agent, told it left on purpose, stops beating and takes no work.
+    await fleet.waitFor('fenced heartbeats from the removed host', async () => ((await metricValue('sandboxfleet_fenced_reports_total', { kind: 'heartbeat' })) > 0 ? true : undefined));
+    await fleet.waitFor('the fence recorded', async () => {
+      const { events } = await fleet.store.events.read({ subjectKind: 'host', subjectId: 'host-a', limit: 1000 });
+      return events.some((e) => e.event.type === 'host_report_fenced' && e.event.reason === 'host_retired') ? true : undefined;
+    });
+    const fenced = await metricValue('sandboxfleet_fenced_reports_total', { kind: 'heartbeat' });
+    await new Promise((r) => setTimeout(r, 4 * 500)); // four heartbeat intervals
+    expect(await metricValue('sandboxfleet_fenced_reports_total', { kind: 'heartbeat' })).toBeLessThanOrEqual(fenced + 1);
+    expect((await fleet.host('host-a')).lifecycle.state).toBe('REMOVED');
+
     await fleet.stopAgent('host-a');
     await fleet.startAgentOn('host-a', 0);
     const host = await fleet.host('host-a');
     expect(host.lifecycle.epoch).toBeGreaterThan(oldEpoch);
     expect(host.lifecycle.state).toBe('READY');
-    await fleet.waitFor('orphans deleted', async () => ((await labelled()).length === 0 ? true : undefined), 30_000);
+    // The unclean group is LOST: its writable layers are kept for an operator (R-R6), its
+    // containers stopped; nothing proves they may go before the retention period ends.
+    const copies = await labelled();
+    expect(copies.length).toBeGreaterThan(0);
+    expect(copies.every((c) => c.State !== 'running')).toBe(true);
+    const judged = (await fleet.store.events.read({ subjectKind: 'group', subjectId: drained.unclean, limit: 1000 })).events.map((e) => e.event);
+    expect(judged.some((e) => e.type === 'host_copy_judged' && e.reason === 'lost_retained')).toBe(true);
   });
 });
 

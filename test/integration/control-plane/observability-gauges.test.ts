@@ -50,9 +50,12 @@ beforeAll(async () => {
   store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
   const chunks = await ChunkStore.open(nc);
   plane = new ControlPlane({ config, nc, store, chunks, metrics, logger: silentLogger(), apiSha: API_SHA, replicaId: 'cp-obs', now: () => clock, autoReconcile: false });
+  // The read model only: this test drives the liveness loop and GC by hand.
+  await plane.fleet.start();
 }, 60_000);
 
 afterAll(async () => {
+  plane?.fleet.stop();
   await nats?.cleanup();
   if (scratch) await rm(scratch, { recursive: true, force: true });
 });
@@ -70,8 +73,10 @@ function host(hostId: string): HostRecord {
   };
 }
 
+/** A heartbeat as the registry records it (heartbeats live in the read model's memory). */
 async function beat(hostId: string, sequence: number): Promise<void> {
-  await plane.ctx.repos.heartbeats.mutate(Keys.host(hostId), () => ({ hostId, epoch: 1, sequence, receivedAtMs: clock, usedMembers: 0, maxMembers: 8, containers: [] }));
+  plane.fleet.recordHeartbeat({ hostId, epoch: 1, sequence, receivedAtMs: clock, usedMembers: 0, maxMembers: 8, containers: [] });
+  await Promise.resolve();
 }
 
 /**
@@ -99,8 +104,8 @@ async function promtoolAlertTest(alert: string, interval: string, series: { seri
 
 describe('heartbeat age (default timings: 10 s TTL, 10 s grace)', () => {
   it('keeps growing after the host is DEAD, so the missing-heartbeat alert fires; a beating host stays low', async () => {
-    await plane.ctx.repos.hosts.create(Keys.host('host-silent'), host('host-silent'));
-    await plane.ctx.repos.hosts.create(Keys.host('host-beating'), host('host-beating'));
+    await plane.repos.hosts.create(Keys.host('host-silent'), host('host-silent'));
+    await plane.repos.hosts.create(Keys.host('host-beating'), host('host-beating'));
     await beat('host-silent', 1);
     await beat('host-beating', 1);
     plane.liveness.reset();
@@ -111,8 +116,9 @@ describe('heartbeat age (default timings: 10 s TTL, 10 s grace)', () => {
     for (let s = 1; s <= 240; s++) {
       clock = T0 + s * 1000;
       if (s % 2 === 0) await beat('host-beating', s);
+      await plane.fleet.sync();
       await plane.liveness.tick();
-      if (deadAtS === undefined && (await plane.ctx.repos.hosts.get(Keys.host('host-silent')))?.value.lifecycle.state === 'DEAD') deadAtS = s;
+      if (deadAtS === undefined && (await plane.repos.hosts.get(Keys.host('host-silent')))?.value.lifecycle.state === 'DEAD') deadAtS = s;
       if (s % 15 === 0) {
         silent.push((await gauge('sandboxfleet_host_heartbeat_age_seconds', { host: 'host-silent' }))!);
         beating.push((await gauge('sandboxfleet_host_heartbeat_age_seconds', { host: 'host-beating' }))!);
@@ -136,16 +142,18 @@ describe('heartbeat age (default timings: 10 s TTL, 10 s grace)', () => {
   });
 
   it('drops the series of a REMOVED host and of a host whose record is gone', async () => {
-    await applyHostEvent(plane.ctx, 'host-silent', { type: 'removed' }, 'operator remove', 1);
+    await applyHostEvent(plane.ctx.hosts, 'host-silent', { type: 'removed' }, 'operator remove', 1);
     clock += 1000;
-    await plane.liveness.tick();
+    await plane.fleet.sync();
+      await plane.liveness.tick();
     expect(await gauge('sandboxfleet_host_heartbeat_age_seconds', { host: 'host-silent' })).toBeUndefined();
     expect(await gauge('sandboxfleet_host_heartbeat_age_seconds', { host: 'host-beating' })).toBeDefined();
 
-    const rec = await plane.ctx.repos.hosts.get(Keys.host('host-beating'));
-    await plane.ctx.repos.hosts.delete(Keys.host('host-beating'), rec!.revision);
+    const rec = await plane.repos.hosts.get(Keys.host('host-beating'));
+    await plane.repos.hosts.delete(Keys.host('host-beating'), rec!.revision);
     clock += 1000;
-    await plane.liveness.tick();
+    await plane.fleet.sync();
+      await plane.liveness.tick();
     expect(await gauge('sandboxfleet_host_heartbeat_age_seconds', { host: 'host-beating' })).toBeUndefined();
   });
 });
@@ -165,8 +173,8 @@ describe('checkpoint exposure (default maximum age: 24 h)', () => {
   it('reports the oldest restorable checkpoint of the stopped groups, those without one, and the maximum age', async () => {
     const groups = [group('g-fresh', {}, 'c-fresh'), group('g-old', {}, 'c-old'), group('g-none', {}), group('g-running', { state: 'RUNNING', stop: undefined }, 'c-running')];
     const checkpoints = [checkpoint('g-fresh', 'c-fresh', 1 * H), checkpoint('g-old', 'c-old', 20 * H), checkpoint('g-running', 'c-running', 29 * H)];
-    for (const g of groups) await plane.ctx.repos.groups.create(Keys.group(g.groupId), g);
-    for (const c of checkpoints) await plane.ctx.repos.checkpoints.create(Keys.checkpoint(c.groupId, c.checkpointId), c);
+    for (const g of groups) await plane.repos.groups.create(Keys.group(g.groupId), g);
+    for (const c of checkpoints) await plane.repos.checkpoints.create(Keys.checkpoint(c.groupId, c.checkpointId), c);
 
     const result = await collectCheckpoints(plane.ctx);
     expect(result.deleted).toEqual([]);
@@ -186,8 +194,8 @@ describe('checkpoint exposure (default maximum age: 24 h)', () => {
     expect(r.code, r.out).toBe(0);
 
     // The stale group is restarted: nothing stopped is old any more.
-    const g = await plane.ctx.repos.groups.get(Keys.group('g-old'));
-    await plane.ctx.repos.groups.update(Keys.group('g-old'), { ...g!.value, lifecycle: { ...g!.value.lifecycle, state: 'RUNNING', stop: undefined } as GroupLifecycle }, g!.revision);
+    const g = await plane.repos.groups.get(Keys.group('g-old'));
+    await plane.repos.groups.update(Keys.group('g-old'), { ...g!.value, lifecycle: { ...g!.value.lifecycle, state: 'RUNNING', stop: undefined } as GroupLifecycle }, g!.revision);
     await collectCheckpoints(plane.ctx);
     expect(await gauge('sandboxfleet_checkpoint_oldest_age_seconds')).toBe(1 * 3600);
   });

@@ -48,7 +48,7 @@ describe('native session files through a drain', () => {
 
     // The checkpoint taken right after each clean stop names the file found by the CLI's layout.
     const g = await fleet.group(kept);
-    const record = (await plane.ctx.repos.checkpoints.get(Keys.checkpoint(kept, g.latestCheckpointId!)))!.value;
+    const record = (await plane.repos.checkpoints.get(Keys.checkpoint(kept, g.latestCheckpointId!)))!.value;
     const manifest = await fleet.chunks.getManifest(record.sourceHostId, kept, record.checkpointId);
     expect(manifest.members[0]!.nativeSessionPaths).toEqual([nativeSessionPath('claude_code', '5b1e0c7a-3d2f-4a9b-8e6c-1f0a2b3c4d5e')]);
     expect((await fleet.group(missing)).latestCheckpointId).toBeUndefined();

@@ -10,7 +10,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import type { ControlPlaneRunnerBackend } from '../../../src/control-plane/runner-backend.ts';
-import { GroupRecordSchema, HeartbeatRecordSchema } from '../../../src/control-plane/records.ts';
+import { GroupRecordSchema } from '../../../src/control-plane/records.ts';
 import { Keys, openRepositories } from '../../../src/control-plane/state.ts';
 import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
 
@@ -42,8 +42,8 @@ async function idempotencyKeys(): Promise<string[]> {
 
 /** Wait until a heartbeat received after `sinceMs` lists the member's container. */
 async function heartbeatAfter(sinceMs: number): Promise<void> {
-  const hbs = fleet.store.repository('heartbeats', HeartbeatRecordSchema);
-  await fleet.waitFor('a newer heartbeat', async () => ((await hbs.get(Keys.host('host-a')))!.value.receivedAtMs > sinceMs ? true : undefined), 10_000);
+  // Heartbeats live in the control plane's read model (memory), not in a bucket.
+  await fleet.waitFor('a newer heartbeat', async () => ((plane.fleet.heartbeat('host-a')?.receivedAtMs ?? 0) > sinceMs ? true : undefined), 10_000);
 }
 
 describe('turn hot path', () => {

@@ -43,7 +43,7 @@ beforeAll(async () => {
   nats = n;
   [hostA, hostB] = hosts;
   nc = await nats.connect('control-plane-driver');
-  registrationResponder(nc, { firstEpoch: 1, ownedGroupIds: (h) => (h === 'host-a' ? [GROUP] : []) });
+  registrationResponder(nc, { firstEpoch: 1 });
   image = await provisionSandboxImage([hostA!.docker, hostB!.docker], { bridgeVersion: 4 });
   const setup = (hostId: string, host: DockerHost) => ({ hostId, natsUrl: nats!.server.url, host, imageRef: image.reference, nowMs: () => Date.now() + skewMs });
   [agentA, agentB] = await Promise.all([startAgent(await nats.connect('host-a'), setup('host-a', hostA!)), startAgent(await nats.connect('host-b'), setup('host-b', hostB!))]);

@@ -5,7 +5,7 @@
 import type { NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
-import { CommandOutcome, ContainerState } from '../../../src/gen/sandboxfleet/v1/agent.ts';
+import { CommandOutcome, ContainerState, CopyAction, type CopyVerdict, type Registration } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { CliKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import { destroyAll, startDockerHost, type DockerHost } from '../../support/docker.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
@@ -20,12 +20,13 @@ let responder: RegistrationResponder;
 let image: SandboxImage;
 let agent: InProcessAgent | undefined;
 let rt: DockerRuntime;
-let owned: string[] = [];
+/** The verdicts the fake registration responder answers (none: every copy is kept). */
+let verdicts: (reg: Registration) => CopyVerdict[] = () => [];
 
 beforeAll(async () => {
   [nats, host] = await Promise.all([startTestNats(), startDockerHost({ name: 'agent-cmd' })]);
   nc = await nats.connect('control-plane-driver');
-  responder = registrationResponder(nc, { firstEpoch: 1, ownedGroupIds: () => owned });
+  responder = registrationResponder(nc, { firstEpoch: 1, copyVerdicts: (reg) => verdicts(reg) });
   image = await provisionSandboxImage([host.docker], { bridgeVersion: 4 });
   rt = new DockerRuntime(host.docker);
   agent = await startAgent(await nats.connect(HOST), {
@@ -167,22 +168,36 @@ describe('fencing (R-H6)', () => {
   });
 });
 
-describe('re-registration (R-H6)', () => {
-  it('deletes containers of groups it no longer owns and fences the old epoch', async () => {
+describe('re-registration (R-H6, R-R6): only a positive verdict deletes', () => {
+  it('names its group copies, deletes only what a DELETE verdict names (up to its generation), keeps the rest, and fences the old epoch', async () => {
     value(await create('g3', [['m1', CliKind.OPENCODE]]), 'createGroup');
+    value(await create('g4', [['m1', CliKind.PI]]), 'createGroup');
     const before = epoch();
-    owned = ['g1'];
+    verdicts = () => [
+      { groupId: 'g3', action: CopyAction.DELETE, reason: 'placed_elsewhere', upToGeneration: 1 },
+      // A delete about an older placement than the copy's never reaches it.
+      { groupId: 'g4', action: CopyAction.DELETE, reason: 'placed_elsewhere', upToGeneration: 0 },
+      { groupId: 'g1', action: CopyAction.KEEP, reason: 'owned', upToGeneration: 0 },
+    ];
     const ack = await agent!.agent.reregister();
+    const reg = responder.registrations.at(-1)!;
+    expect(reg.groupCopies.map((c) => [c.groupId, c.maxGeneration]).sort()).toEqual([['g1', 1], ['g3', 1], ['g4', 1]]);
     expect(ack.hostEpoch).toBe(before + 1);
     expect(epoch()).toBe(before + 1);
     expect(await rt.listMembers('g3')).toEqual([]);
+    expect(await rt.listMembers('g4')).toHaveLength(1);
     expect(await states('g1')).toEqual({ m1: 'exited', m2: 'exited' });
     const stale = await sendCommand(nc, { hostId: HOST, epoch: before, generation: 1 }, { $case: 'startGroup', value: { groupId: 'g1', memberIds: [] } });
     expect(stale).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'stale_epoch' });
 
-    owned = [];
+    // No verdict at all (the control plane knows nothing of them): everything stays.
+    verdicts = () => [];
+    await agent!.agent.reregister();
+    expect((await rt.listMembers()).map((c) => c.member?.groupId).sort()).toEqual(['g1', 'g1', 'g4']);
+
+    verdicts = (r) => r.groupCopies.map((c) => ({ groupId: c.groupId, action: CopyAction.DELETE, reason: 'destroyed', upToGeneration: c.maxGeneration }));
     await agent!.agent.reregister();
     expect(await rt.listMembers()).toEqual([]);
-    expect(responder.registrations.filter((r) => r.hostId === HOST)).toHaveLength(3);
+    expect(responder.registrations.filter((r) => r.hostId === HOST)).toHaveLength(4);
   });
 });

@@ -42,7 +42,8 @@ describe('evacuationFor', () => {
     expect(evacuationFor(rec('SUSPECT'))).toBeUndefined();
     expect(evacuationFor(rec('DRAINING', 'lease_ending'))).toEqual({ kind: 'planned', source: 'lease_ending' });
     expect(evacuationFor(rec('DEAD', 'docker_data_lost'))).toEqual({ kind: 'unplanned', source: 'docker_data_lost' });
-    expect(evacuationFor(undefined)?.kind).toBe('unplanned');
+    // No host record (yet): nothing proves the host is gone, so no evacuation is decided (R-R6).
+    expect(evacuationFor(undefined)).toBeUndefined();
   });
 });
 

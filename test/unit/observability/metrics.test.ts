@@ -36,16 +36,14 @@ describe('LOST sessions counter', () => {
 });
 
 describe('leader-only gauges', () => {
-  it('a deposed leader drops heartbeat ages, host and group counts and checkpoint exposure', async () => {
+  it('a deposed leader drops host and group counts and checkpoint exposure (heartbeat ages come from every replica\'s read model at scrape)', async () => {
     const m = new FleetMetrics();
-    m.heartbeatAge.set({ host: 'host-a' }, 42);
     m.hosts.set({ state: 'DEAD' }, 1);
     m.groups.set({ state: 'STOPPED' }, 3);
     m.checkpointAge.set(70_000);
     m.groupsWithoutCheckpoint.set(2);
     m.checkpointMaxAge.set(86_400);
     m.leadershipLost();
-    expect(await series(m, 'sandboxfleet_host_heartbeat_age_seconds')).toEqual([]);
     expect(await series(m, 'sandboxfleet_hosts')).toEqual([]);
     expect(await series(m, 'sandboxfleet_groups')).toEqual([]);
     expect((await series(m, 'sandboxfleet_checkpoint_oldest_age_seconds')).map((v) => v.value)).toEqual([0]);
@@ -54,11 +52,12 @@ describe('leader-only gauges', () => {
     expect((await series(m, 'sandboxfleet_checkpoint_max_age_seconds')).map((v) => v.value)).toEqual([86_400]);
   });
 
-  it('forgetHost drops one host series', async () => {
+  it('heartbeat ages are read from their source at each scrape: a host the source no longer names has no series', async () => {
     const m = new FleetMetrics();
-    m.heartbeatAge.set({ host: 'host-a' }, 1);
-    m.heartbeatAge.set({ host: 'host-b' }, 2);
-    m.forgetHost('host-a');
-    expect((await series(m, 'sandboxfleet_host_heartbeat_age_seconds')).map((v) => v.labels.host)).toEqual(['host-b']);
+    let ages = [{ hostId: 'host-a', ageSeconds: 1 }, { hostId: 'host-b', ageSeconds: 2 }];
+    m.setHeartbeatAgeSource(() => ages);
+    expect((await series(m, 'sandboxfleet_host_heartbeat_age_seconds')).map((v) => [v.labels.host, v.value])).toEqual([['host-a', 1], ['host-b', 2]]);
+    ages = [{ hostId: 'host-b', ageSeconds: 7 }];
+    expect((await series(m, 'sandboxfleet_host_heartbeat_age_seconds')).map((v) => [v.labels.host, v.value])).toEqual([['host-b', 7]]);
   });
 });

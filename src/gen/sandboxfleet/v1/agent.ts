@@ -29,6 +29,58 @@ export const protobufFileName = "sandboxfleet/v1/agent.proto";
  * nothing. The control plane likewise rejects (and counts) reports from a revoked epoch.
  */
 
+/** What a host may do with its copy of a group (R-H6, R-R6; src/core/host-copy.ts). */
+export enum CopyAction {
+  UNSPECIFIED = 0,
+  /** KEEP - Keep the containers as they are (owned, or no proof either way). */
+  KEEP = 1,
+  /** STOP - The group is LOST and within its retention: stop the containers, keep their writable layers. */
+  STOP = 2,
+  /**
+   * DELETE - Positive proof the copy is not needed (destroyed, settled on another host, LOST retention over):
+   * delete the group's containers of generation <= up_to_generation, never a newer one.
+   */
+  DELETE = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function copyActionFromJSON(object: any): CopyAction {
+  switch (object) {
+    case 0:
+    case "COPY_ACTION_UNSPECIFIED":
+      return CopyAction.UNSPECIFIED;
+    case 1:
+    case "COPY_ACTION_KEEP":
+      return CopyAction.KEEP;
+    case 2:
+    case "COPY_ACTION_STOP":
+      return CopyAction.STOP;
+    case 3:
+    case "COPY_ACTION_DELETE":
+      return CopyAction.DELETE;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return CopyAction.UNRECOGNIZED;
+  }
+}
+
+export function copyActionToJSON(object: CopyAction): string {
+  switch (object) {
+    case CopyAction.UNSPECIFIED:
+      return "COPY_ACTION_UNSPECIFIED";
+    case CopyAction.KEEP:
+      return "COPY_ACTION_KEEP";
+    case CopyAction.STOP:
+      return "COPY_ACTION_STOP";
+    case CopyAction.DELETE:
+      return "COPY_ACTION_DELETE";
+    case CopyAction.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /** Docker container state as the engine reports it. */
 export enum ContainerState {
   UNSPECIFIED = 0,
@@ -217,6 +269,26 @@ export interface Registration {
    */
   requestedLeaseEndUnixMs: number;
   sentAtUnixMs: number;
+  /**
+   * Every group the host holds containers of, with the newest placement generation among them
+   * (R-H6, R-R6). The control plane answers a verdict for each, read from the group's own record;
+   * the host never deletes a group the answer does not name. At most 4096 entries.
+   */
+  groupCopies: GroupCopy[];
+}
+
+/** The containers a host holds of one group, as its engine lists them (labels). */
+export interface GroupCopy {
+  groupId: string;
+  maxGeneration: number;
+}
+
+export interface CopyVerdict {
+  groupId: string;
+  action: CopyAction;
+  /** Why (CopyKeepReason / CopyDeleteReason in src/core/host-copy.ts, or "lost_retained"). */
+  reason: string;
+  upToGeneration: number;
 }
 
 /** The control plane's answer to a Registration (R-H2, R-H4, R-H6). */
@@ -238,8 +310,8 @@ export interface RegistrationAck {
   /** Every mismatch found, human-readable ("api_sha: expected abc, got def"). */
   mismatches: string[];
   heartbeatIntervalMs: number;
-  /** Groups this host still owns. The agent deletes containers of any other group (R-H6). */
-  ownedGroupIds: string[];
+  /** One verdict per Registration.group_copies entry, in any order. A group without a verdict is kept. */
+  copyVerdicts: CopyVerdict[];
 }
 
 /** One member container on the host, identified by the labels the agent put on it. */
@@ -411,10 +483,14 @@ export interface RestoreCommand {
   manifest?: CheckpointManifest | undefined;
 }
 
-/** Remove the group's containers and writable layers (destroy, or R-H6 cleanup of non-owned groups). */
+/**
+ * Remove the group's containers and writable layers (destroy, or R-H6 cleanup of non-owned groups).
+ * Only containers of generation <= the command's placement_generation are removed: a delete decided
+ * about an older placement never reaches a newer one on the same host (R-R6).
+ */
 export interface DeleteGroupCommand {
   groupId: string;
-  /** Machine-readable why: "destroyed", "not_owned", "migrated". */
+  /** Machine-readable why: "destroyed", "migrated", "restore_failed", "lost_retention_expired". */
   reason: string;
 }
 
@@ -455,7 +531,28 @@ export interface AgentCommand {
     | { $case: "inventory"; value: InventoryCommand }
     | { $case: "probe"; value: ProbeCommand }
     | { $case: "restartMember"; value: RestartMemberCommand }
+    | { $case: "fenced"; value: FencedNotice }
     | undefined;
+}
+
+/**
+ * Sent (published, no reply) by the control plane to an agent whose report it fenced (R-H6): the
+ * epoch the agent reported with is no longer the host's live epoch (a newer registration, or the
+ * host was declared DEAD or REMOVED meanwhile — a zombie back from a freeze or a partition). Only
+ * the control plane may publish on an agent's command subject, so the agent trusts it: it stops
+ * taking commands of that epoch and registers again (a new epoch; its group copies are judged by
+ * the control plane from their records). The envelope's host_epoch is the reported epoch.
+ */
+export interface FencedNotice {
+  /** The host's current epoch as the control plane knows it (0: not registered). */
+  currentEpoch: number;
+  state: HostState;
+  /**
+   * Why: "stale_epoch" (a newer epoch exists), "host_dead", "host_removed", "unknown_host" — the
+   * agent registers again; or "host_retired" (drained or removed on purpose: the agent stops taking
+   * commands and heartbeating, and rejoins only when it is restarted, like an uncordoned node).
+   */
+  reason: string;
 }
 
 export interface CreateGroupResult {
@@ -1027,6 +1124,7 @@ function createBaseRegistration(): Registration {
     capacity: undefined,
     requestedLeaseEndUnixMs: 0,
     sentAtUnixMs: 0,
+    groupCopies: [],
   };
 }
 
@@ -1049,6 +1147,9 @@ export const Registration: MessageFns<Registration> = {
     }
     if (message.sentAtUnixMs !== 0) {
       writer.uint32(48).int64(message.sentAtUnixMs);
+    }
+    for (const v of message.groupCopies) {
+      GroupCopy.encode(v!, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -1114,6 +1215,14 @@ export const Registration: MessageFns<Registration> = {
             message.sentAtUnixMs = longToNumber(reader.int64());
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.groupCopies.push(GroupCopy.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1150,6 +1259,11 @@ export const Registration: MessageFns<Registration> = {
         : isSet(object.sent_at_unix_ms)
         ? globalThis.Number(object.sent_at_unix_ms)
         : 0,
+      groupCopies: globalThis.Array.isArray(object?.groupCopies)
+        ? object.groupCopies.map((e: any) => GroupCopy.fromJSON(e))
+        : globalThis.Array.isArray(object?.group_copies)
+        ? object.group_copies.map((e: any) => GroupCopy.fromJSON(e))
+        : [],
     };
   },
 
@@ -1173,6 +1287,9 @@ export const Registration: MessageFns<Registration> = {
     if (message.sentAtUnixMs !== 0) {
       obj.sentAtUnixMs = Math.round(message.sentAtUnixMs);
     }
+    if (message.groupCopies?.length) {
+      obj.groupCopies = message.groupCopies.map((e) => GroupCopy.toJSON(e));
+    }
     return obj;
   },
 
@@ -1191,6 +1308,225 @@ export const Registration: MessageFns<Registration> = {
       : undefined;
     message.requestedLeaseEndUnixMs = object.requestedLeaseEndUnixMs ?? 0;
     message.sentAtUnixMs = object.sentAtUnixMs ?? 0;
+    message.groupCopies = object.groupCopies?.map((e) => GroupCopy.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseGroupCopy(): GroupCopy {
+  return { groupId: "", maxGeneration: 0 };
+}
+
+export const GroupCopy: MessageFns<GroupCopy> = {
+  encode(message: GroupCopy, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.groupId !== "") {
+      writer.uint32(10).string(message.groupId);
+    }
+    if (message.maxGeneration !== 0) {
+      writer.uint32(16).int64(message.maxGeneration);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GroupCopy {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGroupCopy();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxGeneration = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GroupCopy {
+    return {
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+      maxGeneration: isSet(object.maxGeneration)
+        ? globalThis.Number(object.maxGeneration)
+        : isSet(object.max_generation)
+        ? globalThis.Number(object.max_generation)
+        : 0,
+    };
+  },
+
+  toJSON(message: GroupCopy): unknown {
+    const obj: any = {};
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
+    if (message.maxGeneration !== 0) {
+      obj.maxGeneration = Math.round(message.maxGeneration);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<GroupCopy>): GroupCopy {
+    return GroupCopy.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GroupCopy>): GroupCopy {
+    const message = createBaseGroupCopy();
+    message.groupId = object.groupId ?? "";
+    message.maxGeneration = object.maxGeneration ?? 0;
+    return message;
+  },
+};
+
+function createBaseCopyVerdict(): CopyVerdict {
+  return { groupId: "", action: 0, reason: "", upToGeneration: 0 };
+}
+
+export const CopyVerdict: MessageFns<CopyVerdict> = {
+  encode(message: CopyVerdict, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.groupId !== "") {
+      writer.uint32(10).string(message.groupId);
+    }
+    if (message.action !== 0) {
+      writer.uint32(16).int32(message.action);
+    }
+    if (message.reason !== "") {
+      writer.uint32(26).string(message.reason);
+    }
+    if (message.upToGeneration !== 0) {
+      writer.uint32(32).int64(message.upToGeneration);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CopyVerdict {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCopyVerdict();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.action = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.upToGeneration = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CopyVerdict {
+    return {
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+      action: isSet(object.action) ? copyActionFromJSON(object.action) : 0,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      upToGeneration: isSet(object.upToGeneration)
+        ? globalThis.Number(object.upToGeneration)
+        : isSet(object.up_to_generation)
+        ? globalThis.Number(object.up_to_generation)
+        : 0,
+    };
+  },
+
+  toJSON(message: CopyVerdict): unknown {
+    const obj: any = {};
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
+    if (message.action !== 0) {
+      obj.action = copyActionToJSON(message.action);
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.upToGeneration !== 0) {
+      obj.upToGeneration = Math.round(message.upToGeneration);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<CopyVerdict>): CopyVerdict {
+    return CopyVerdict.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<CopyVerdict>): CopyVerdict {
+    const message = createBaseCopyVerdict();
+    message.groupId = object.groupId ?? "";
+    message.action = object.action ?? 0;
+    message.reason = object.reason ?? "";
+    message.upToGeneration = object.upToGeneration ?? 0;
     return message;
   },
 };
@@ -1205,7 +1541,7 @@ function createBaseRegistrationAck(): RegistrationAck {
     refusalReasons: [],
     mismatches: [],
     heartbeatIntervalMs: 0,
-    ownedGroupIds: [],
+    copyVerdicts: [],
   };
 }
 
@@ -1235,8 +1571,8 @@ export const RegistrationAck: MessageFns<RegistrationAck> = {
     if (message.heartbeatIntervalMs !== 0) {
       writer.uint32(64).int64(message.heartbeatIntervalMs);
     }
-    for (const v of message.ownedGroupIds) {
-      writer.uint32(74).string(v!);
+    for (const v of message.copyVerdicts) {
+      CopyVerdict.encode(v!, writer.uint32(82).fork()).join();
     }
     return writer;
   },
@@ -1318,12 +1654,12 @@ export const RegistrationAck: MessageFns<RegistrationAck> = {
             message.heartbeatIntervalMs = longToNumber(reader.int64());
             continue;
           }
-          case 9: {
-            if (tag !== 74) {
+          case 10: {
+            if (tag !== 82) {
               break;
             }
 
-            message.ownedGroupIds.push(reader.string());
+            message.copyVerdicts.push(CopyVerdict.decode(reader, reader.uint32()));
             continue;
           }
         }
@@ -1370,10 +1706,10 @@ export const RegistrationAck: MessageFns<RegistrationAck> = {
         : isSet(object.heartbeat_interval_ms)
         ? globalThis.Number(object.heartbeat_interval_ms)
         : 0,
-      ownedGroupIds: globalThis.Array.isArray(object?.ownedGroupIds)
-        ? object.ownedGroupIds.map((e: any) => globalThis.String(e))
-        : globalThis.Array.isArray(object?.owned_group_ids)
-        ? object.owned_group_ids.map((e: any) => globalThis.String(e))
+      copyVerdicts: globalThis.Array.isArray(object?.copyVerdicts)
+        ? object.copyVerdicts.map((e: any) => CopyVerdict.fromJSON(e))
+        : globalThis.Array.isArray(object?.copy_verdicts)
+        ? object.copy_verdicts.map((e: any) => CopyVerdict.fromJSON(e))
         : [],
     };
   },
@@ -1404,8 +1740,8 @@ export const RegistrationAck: MessageFns<RegistrationAck> = {
     if (message.heartbeatIntervalMs !== 0) {
       obj.heartbeatIntervalMs = Math.round(message.heartbeatIntervalMs);
     }
-    if (message.ownedGroupIds?.length) {
-      obj.ownedGroupIds = message.ownedGroupIds;
+    if (message.copyVerdicts?.length) {
+      obj.copyVerdicts = message.copyVerdicts.map((e) => CopyVerdict.toJSON(e));
     }
     return obj;
   },
@@ -1423,7 +1759,7 @@ export const RegistrationAck: MessageFns<RegistrationAck> = {
     message.refusalReasons = object.refusalReasons?.map((e) => e) || [];
     message.mismatches = object.mismatches?.map((e) => e) || [];
     message.heartbeatIntervalMs = object.heartbeatIntervalMs ?? 0;
-    message.ownedGroupIds = object.ownedGroupIds?.map((e) => e) || [];
+    message.copyVerdicts = object.copyVerdicts?.map((e) => CopyVerdict.fromPartial(e)) || [];
     return message;
   },
 };
@@ -3703,6 +4039,9 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       case "restartMember":
         RestartMemberCommand.encode(message.command.value, writer.uint32(146).fork()).join();
         break;
+      case "fenced":
+        FencedNotice.encode(message.command.value, writer.uint32(154).fork()).join();
+        break;
     }
     return writer;
   },
@@ -3840,6 +4179,14 @@ export const AgentCommand: MessageFns<AgentCommand> = {
             message.command = { $case: "restartMember", value: RestartMemberCommand.decode(reader, reader.uint32()) };
             continue;
           }
+          case 19: {
+            if (tag !== 154) {
+              break;
+            }
+
+            message.command = { $case: "fenced", value: FencedNotice.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3912,6 +4259,8 @@ export const AgentCommand: MessageFns<AgentCommand> = {
         ? { $case: "restartMember", value: RestartMemberCommand.fromJSON(object.restartMember) }
         : isSet(object.restart_member)
         ? { $case: "restartMember", value: RestartMemberCommand.fromJSON(object.restart_member) }
+        : isSet(object.fenced)
+        ? { $case: "fenced", value: FencedNotice.fromJSON(object.fenced) }
         : undefined,
     };
   },
@@ -3954,6 +4303,8 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       obj.probe = ProbeCommand.toJSON(message.command.value);
     } else if (message.command?.$case === "restartMember") {
       obj.restartMember = RestartMemberCommand.toJSON(message.command.value);
+    } else if (message.command?.$case === "fenced") {
+      obj.fenced = FencedNotice.toJSON(message.command.value);
     }
     return obj;
   },
@@ -4024,7 +4375,118 @@ export const AgentCommand: MessageFns<AgentCommand> = {
         }
         break;
       }
+      case "fenced": {
+        if (object.command?.value !== undefined && object.command?.value !== null) {
+          message.command = { $case: "fenced", value: FencedNotice.fromPartial(object.command.value) };
+        }
+        break;
+      }
     }
+    return message;
+  },
+};
+
+function createBaseFencedNotice(): FencedNotice {
+  return { currentEpoch: 0, state: 0, reason: "" };
+}
+
+export const FencedNotice: MessageFns<FencedNotice> = {
+  encode(message: FencedNotice, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.currentEpoch !== 0) {
+      writer.uint32(8).int64(message.currentEpoch);
+    }
+    if (message.state !== 0) {
+      writer.uint32(16).int32(message.state);
+    }
+    if (message.reason !== "") {
+      writer.uint32(26).string(message.reason);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FencedNotice {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFencedNotice();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.currentEpoch = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.state = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FencedNotice {
+    return {
+      currentEpoch: isSet(object.currentEpoch)
+        ? globalThis.Number(object.currentEpoch)
+        : isSet(object.current_epoch)
+        ? globalThis.Number(object.current_epoch)
+        : 0,
+      state: isSet(object.state) ? hostStateFromJSON(object.state) : 0,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+    };
+  },
+
+  toJSON(message: FencedNotice): unknown {
+    const obj: any = {};
+    if (message.currentEpoch !== 0) {
+      obj.currentEpoch = Math.round(message.currentEpoch);
+    }
+    if (message.state !== 0) {
+      obj.state = hostStateToJSON(message.state);
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<FencedNotice>): FencedNotice {
+    return FencedNotice.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<FencedNotice>): FencedNotice {
+    const message = createBaseFencedNotice();
+    message.currentEpoch = object.currentEpoch ?? 0;
+    message.state = object.state ?? 0;
+    message.reason = object.reason ?? "";
     return message;
   },
 };

@@ -1,0 +1,416 @@
+// The control plane's read model of the fleet (R-R7), one per replica: hosts, groups and the
+// checkpoint index mirrored from their KV buckets by watches (the informer shape: list once through
+// the watch's initial values, then follow every change), the latest heartbeat of every host kept in
+// memory only, and the indexes decisions need (groups by host, groups with controller work, member
+// load per host, counts by state). Nothing in a control loop lists a bucket: loops read this model and
+// react to its change notifications; every WRITE still re-reads its record and compare-and-sets
+// (group-store.ts, host-store.ts), so a decision is never applied on a stale copy.
+//
+// Completeness: each mirrored bucket is a stream; `sync()` reads every stream's last sequence and
+// waits until the watch has applied it, so "the model has seen every write made before this call"
+// is checked against the store, not assumed. A watch that ends (a server gone for good, a consumer
+// deleted) is restarted, and keys it did not see again are dropped (resync). A periodic revision
+// check restarts a watch that stopped advancing while its stream did. Records that fail validation
+// are kept aside as invalid (counted, logged) — never read as "absent".
+import type { FleetMetrics } from '../observability/metrics.ts';
+import type { Logger } from '../observability/logger.ts';
+import type { KvChange, KvRepository, Versioned } from '../store/kv-repository.ts';
+import { shardIndex } from '../store/sharded-kv-repository.ts';
+import type { CheckpointRecord, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
+
+type Listener<T> = (key: string, before: T | undefined, after: T | undefined) => void;
+
+/** How often a watch's progress is checked against its stream (a stuck watch is restarted). */
+const REVISION_CHECK_MS = 30_000;
+
+/**
+ * One KV bucket (one stream) mirrored into a Map by a watch. `seen` is the highest revision applied;
+ * `sync()` waits until it reaches the stream's last sequence as read at the call.
+ */
+class BucketMirror<T> {
+  readonly entries = new Map<string, Versioned<T>>();
+  readonly invalid = new Map<string, string>();
+  #seen = 0;
+  #waiters: { revision: number; resolve: () => void; reject: (e: unknown) => void }[] = [];
+  #abort: AbortController | undefined;
+  #stopped = false;
+  #restarts = 0;
+  #stalledChecks = 0;
+  #lastCheckedSeen = 0;
+
+  constructor(
+    readonly repo: KvRepository<T>,
+    private readonly apply: (key: string, before: Versioned<T> | undefined, after: Versioned<T> | undefined) => void,
+    private readonly logger: Logger,
+    private readonly project: (value: T) => T,
+  ) {}
+
+  get seen(): number {
+    return this.#seen;
+  }
+
+  get restarts(): number {
+    return this.#restarts;
+  }
+
+  start(): void {
+    this.#stopped = false;
+    void this.#follow();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    this.#abort?.abort();
+    for (const w of this.#waiters.splice(0)) w.reject(new Error(`${this.repo.bucket}: read model stopped`));
+  }
+
+  /** Resolves once every write made to the bucket before this call has been applied. */
+  async sync(): Promise<void> {
+    const target = await this.repo.lastRevision();
+    if (this.#seen >= target) return;
+    await new Promise<void>((resolve, reject) => this.#waiters.push({ revision: target, resolve, reject }));
+  }
+
+  /** Restart the watch when the stream moved on and the watch did not, twice in a row. */
+  async checkProgress(): Promise<number> {
+    const last = await this.repo.lastRevision();
+    const lag = Math.max(0, last - this.#seen);
+    if (lag > 0 && this.#seen === this.#lastCheckedSeen) this.#stalledChecks += 1;
+    else this.#stalledChecks = 0;
+    this.#lastCheckedSeen = this.#seen;
+    if (this.#stalledChecks >= 2) {
+      this.logger.warn({ bucket: this.repo.bucket, seen: this.#seen, last }, 'read model watch stopped advancing: restarting it');
+      this.#stalledChecks = 0;
+      this.#abort?.abort();
+    }
+    return lag;
+  }
+
+  async #follow(): Promise<void> {
+    while (!this.#stopped) {
+      const abort = new AbortController();
+      this.#abort = abort;
+      // Keys seen since this watch began: after its initial values, anything else was deleted meanwhile.
+      const present = new Set<string>();
+      let initial = true;
+      let initialTarget: number;
+      try {
+        // The watch first delivers the last value of every key; the stream's last message is one of
+        // them, so reaching its sequence means the initial values are complete.
+        initialTarget = await this.repo.lastRevision();
+        if (initialTarget === 0) initial = this.#finishInitial(present, this.#restarts > 0);
+        for await (const change of this.repo.watch({ signal: abort.signal })) {
+          present.add(change.key);
+          this.#applyChange(change);
+          if (initial && change.revision >= initialTarget) initial = this.#finishInitial(present, this.#restarts > 0);
+        }
+      } catch (err) {
+        if (!this.#stopped) this.logger.warn({ err, bucket: this.repo.bucket }, 'read model watch failed: restarting it');
+      }
+      if (this.#stopped) return;
+      this.#restarts += 1;
+      await new Promise((r) => setTimeout(r, Math.min(5_000, 100 * 2 ** Math.min(this.#restarts, 6))).unref?.());
+    }
+  }
+
+  /** After a restart's initial values: drop keys the new watch did not deliver (deleted while away). */
+  #finishInitial(present: ReadonlySet<string>, resync: boolean): false {
+    if (resync) {
+      for (const key of [...this.entries.keys()]) {
+        if (present.has(key)) continue;
+        const before = this.entries.get(key);
+        this.entries.delete(key);
+        this.apply(key, before, undefined);
+      }
+      for (const key of [...this.invalid.keys()]) if (!present.has(key)) this.invalid.delete(key);
+    }
+    return false;
+  }
+
+  #applyChange(change: KvChange<T>): void {
+    if (change.revision <= this.#seen && this.entries.get(change.key)?.revision === change.revision) return;
+    const before = this.entries.get(change.key);
+    if (change.op === 'put') {
+      const after = { value: this.project(change.value), revision: change.revision };
+      this.entries.set(change.key, after);
+      this.invalid.delete(change.key);
+      this.apply(change.key, before, after);
+    } else {
+      this.entries.delete(change.key);
+      if (change.op === 'invalid') {
+        this.invalid.set(change.key, change.error.message.slice(0, 256));
+        this.logger.error({ bucket: this.repo.bucket, key: change.key, revision: change.revision, err: change.error.message }, 'invalid record in the store: kept aside, never read as absent');
+      } else {
+        this.invalid.delete(change.key);
+      }
+      if (before !== undefined) this.apply(change.key, before, undefined);
+    }
+    if (change.revision > this.#seen) this.#seen = change.revision;
+    if (this.#waiters.length > 0) {
+      const ready = this.#waiters.filter((w) => w.revision <= this.#seen);
+      this.#waiters = this.#waiters.filter((w) => w.revision > this.#seen);
+      for (const w of ready) w.resolve();
+    }
+  }
+}
+
+/** Members each host holds or is about to hold, counted from group records (placement's view). */
+function loadOf(g: GroupRecord): [string, number][] {
+  if (isTerminal(g)) return [];
+  const out: [string, number][] = [[g.lifecycle.hostId, g.members.length]];
+  if (g.lifecycle.migration) out.push([g.lifecycle.migration.targetHostId, g.members.length]);
+  return out;
+}
+
+export function isTerminal(g: GroupRecord): boolean {
+  return g.lifecycle.state === 'LOST' || g.lifecycle.state === 'DESTROYED';
+}
+
+/** Whether the migration controller has work on the group: an evacuation mark or a migration. */
+export function hasControllerWork(g: GroupRecord): boolean {
+  return g.evacuation !== undefined || g.lifecycle.state === 'MIGRATING';
+}
+
+/**
+ * The read model keeps no turn-call idempotency state (the runner backend reads that from the
+ * store in the same compare-and-set it writes it with): at 100,000 groups it would be most of the
+ * model's memory, and no control loop reads it.
+ */
+function projectGroup(g: GroupRecord): GroupRecord {
+  if (!g.members.some((m) => m.calls !== undefined)) return g;
+  return { ...g, members: g.members.map(({ calls: _calls, ...m }) => m) };
+}
+
+export interface FleetStateSources {
+  readonly hosts: KvRepository<HostRecord>;
+  /** Every physical bucket of the (sharded) groups repository. */
+  readonly groups: readonly KvRepository<GroupRecord>[];
+  readonly checkpoints: KvRepository<CheckpointRecord>;
+}
+
+export class FleetState {
+  readonly #hosts: BucketMirror<HostRecord>;
+  readonly #groups: BucketMirror<GroupRecord>[];
+  readonly #checkpoints: BucketMirror<CheckpointRecord>;
+  readonly #heartbeats = new Map<string, HeartbeatRecord>();
+  /** Group keys per host id: groups placed there and groups migrating there. */
+  readonly #groupsByHost = new Map<string, Set<string>>();
+  readonly #withWork = new Set<string>();
+  readonly #load = new Map<string, number>();
+  readonly #groupStates = new Map<string, number>();
+  readonly #hostStates = new Map<string, number>();
+  /** Checkpoint keys per group key (checkpoint keys are `<group key>.<checkpoint key>`). */
+  readonly #checkpointsByGroup = new Map<string, Set<string>>();
+  readonly #groupListeners: Listener<GroupRecord>[] = [];
+  readonly #hostListeners: Listener<HostRecord>[] = [];
+  #timer: NodeJS.Timeout | undefined;
+
+  constructor(sources: FleetStateSources, private readonly logger: Logger, private readonly metrics?: FleetMetrics) {
+    this.#hosts = new BucketMirror(sources.hosts, (k, b, a) => this.#hostChanged(k, b?.value, a?.value), logger, (h) => h);
+    this.#groups = sources.groups.map((repo) => new BucketMirror(repo, (k, b, a) => this.#groupChanged(k, b?.value, a?.value), logger, projectGroup));
+    this.#checkpoints = new BucketMirror(sources.checkpoints, (k, b, a) => this.#checkpointChanged(k, b?.value, a?.value), logger, (c) => c);
+  }
+
+  #mirrors(): BucketMirror<unknown>[] {
+    return [this.#hosts, ...this.#groups, this.#checkpoints] as BucketMirror<unknown>[];
+  }
+
+  /** Start following the buckets; resolves when the model holds everything the store held at start. */
+  async start(): Promise<void> {
+    for (const m of this.#mirrors()) m.start();
+    this.#timer = setInterval(() => void this.#checkProgress(), REVISION_CHECK_MS);
+    this.#timer.unref?.();
+    await this.sync();
+  }
+
+  stop(): void {
+    if (this.#timer) clearInterval(this.#timer);
+    for (const m of this.#mirrors()) m.stop();
+  }
+
+  /** Resolves once every write made to the mirrored buckets before this call is in the model. */
+  async sync(): Promise<void> {
+    await Promise.all(this.#mirrors().map((m) => m.sync()));
+  }
+
+  async #checkProgress(): Promise<void> {
+    try {
+      const lags = await Promise.all(this.#mirrors().map((m) => m.checkProgress()));
+      this.metrics?.readModelLag.set(lags.reduce((a, b) => a + b, 0));
+    } catch (err) {
+      this.logger.warn({ err }, 'read model revision check failed');
+    }
+  }
+
+  // ---- notifications ----------------------------------------------------------------------------
+
+  onGroupChange(fn: Listener<GroupRecord>): void {
+    this.#groupListeners.push(fn);
+  }
+
+  onHostChange(fn: Listener<HostRecord>): void {
+    this.#hostListeners.push(fn);
+  }
+
+  // ---- hosts ------------------------------------------------------------------------------------
+
+  host(hostKey: string): Versioned<HostRecord> | undefined {
+    return this.#hosts.entries.get(hostKey);
+  }
+
+  hosts(): IterableIterator<Versioned<HostRecord>> {
+    return this.#hosts.entries.values();
+  }
+
+  hostKeys(): IterableIterator<string> {
+    return this.#hosts.entries.keys();
+  }
+
+  hostCountsByState(): ReadonlyMap<string, number> {
+    return this.#hostStates;
+  }
+
+  /** The latest accepted heartbeat of the host (memory only; each replica receives every heartbeat). */
+  heartbeat(hostId: string): HeartbeatRecord | undefined {
+    return this.#heartbeats.get(hostId);
+  }
+
+  /** Keep `hb` unless an equal or newer beat of the same epoch is already held. */
+  recordHeartbeat(hb: HeartbeatRecord): 'accepted' | 'stale' {
+    const current = this.#heartbeats.get(hb.hostId);
+    if (current !== undefined && current.epoch === hb.epoch && current.sequence >= hb.sequence) return 'stale';
+    if (current !== undefined && current.epoch > hb.epoch) return 'stale';
+    this.#heartbeats.set(hb.hostId, hb);
+    return 'accepted';
+  }
+
+  forgetHeartbeat(hostId: string): void {
+    this.#heartbeats.delete(hostId);
+  }
+
+  #hostChanged(key: string, before: HostRecord | undefined, after: HostRecord | undefined): void {
+    if (before !== undefined) this.#hostStates.set(before.lifecycle.state, (this.#hostStates.get(before.lifecycle.state) ?? 1) - 1);
+    if (after !== undefined) this.#hostStates.set(after.lifecycle.state, (this.#hostStates.get(after.lifecycle.state) ?? 0) + 1);
+    else if (before !== undefined) this.#heartbeats.delete(before.hostId);
+    for (const fn of this.#hostListeners) fn(key, before, after);
+  }
+
+  // ---- groups -----------------------------------------------------------------------------------
+
+  group(groupKey: string): Versioned<GroupRecord> | undefined {
+    return this.#groupMirror(groupKey).entries.get(groupKey);
+  }
+
+  /** True when the stored record under `groupKey` exists but failed validation. */
+  groupInvalid(groupKey: string): boolean {
+    return this.#groupMirror(groupKey).invalid.has(groupKey);
+  }
+
+  #groupMirror(groupKey: string): BucketMirror<GroupRecord> {
+    // The same shard function the repository writes with.
+    return this.#groups[shardIndex(groupKey, this.#groups.length)]!;
+  }
+
+  *groups(): IterableIterator<Versioned<GroupRecord>> {
+    for (const m of this.#groups) yield* m.entries.values();
+  }
+
+  groupCount(): number {
+    return this.#groups.reduce((n, m) => n + m.entries.size, 0);
+  }
+
+  invalidGroupCount(): number {
+    return this.#groups.reduce((n, m) => n + m.invalid.size, 0);
+  }
+
+  /** Keys of the groups placed on, or migrating to, `hostId`. */
+  groupKeysOnHost(hostId: string): ReadonlySet<string> {
+    return this.#groupsByHost.get(hostId) ?? EMPTY;
+  }
+
+  /** Keys of the groups with an evacuation mark or a migration in progress. */
+  groupKeysWithWork(): ReadonlySet<string> {
+    return this.#withWork;
+  }
+
+  /** Members placed on, or migrating to, each host (non-terminal groups). */
+  memberLoad(hostId: string): number {
+    return this.#load.get(hostId) ?? 0;
+  }
+
+  groupCountsByState(): ReadonlyMap<string, number> {
+    return this.#groupStates;
+  }
+
+  #groupChanged(key: string, before: GroupRecord | undefined, after: GroupRecord | undefined): void {
+    if (before !== undefined) {
+      for (const [h, n] of loadOf(before)) this.#load.set(h, (this.#load.get(h) ?? n) - n);
+      for (const h of [before.lifecycle.hostId, before.lifecycle.migration?.targetHostId]) if (h !== undefined) this.#groupsByHost.get(h)?.delete(key);
+      this.#groupStates.set(before.lifecycle.state, (this.#groupStates.get(before.lifecycle.state) ?? 1) - 1);
+    }
+    if (after !== undefined) {
+      for (const [h, n] of loadOf(after)) this.#load.set(h, (this.#load.get(h) ?? 0) + n);
+      if (!isTerminal(after)) {
+        for (const h of [after.lifecycle.hostId, after.lifecycle.migration?.targetHostId]) {
+          if (h === undefined) continue;
+          let set = this.#groupsByHost.get(h);
+          if (set === undefined) this.#groupsByHost.set(h, (set = new Set()));
+          set.add(key);
+        }
+      }
+      this.#groupStates.set(after.lifecycle.state, (this.#groupStates.get(after.lifecycle.state) ?? 0) + 1);
+      if (hasControllerWork(after)) this.#withWork.add(key);
+      else this.#withWork.delete(key);
+    } else {
+      this.#withWork.delete(key);
+    }
+    for (const fn of this.#groupListeners) fn(key, before, after);
+  }
+
+  // ---- checkpoints ------------------------------------------------------------------------------
+
+  checkpoint(checkpointKey: string): CheckpointRecord | undefined {
+    return this.#checkpoints.entries.get(checkpointKey)?.value;
+  }
+
+  /** The indexed checkpoints of the group stored under `groupKey`. */
+  checkpointsOf(groupKey: string): CheckpointRecord[] {
+    const keys = this.#checkpointsByGroup.get(groupKey);
+    if (keys === undefined) return [];
+    return [...keys].flatMap((k) => {
+      const c = this.#checkpoints.entries.get(k);
+      return c === undefined ? [] : [c.value];
+    });
+  }
+
+  *checkpoints(): IterableIterator<{ readonly key: string; readonly record: CheckpointRecord }> {
+    for (const [key, v] of this.#checkpoints.entries) yield { key, record: v.value };
+  }
+
+  checkpointCount(): number {
+    return this.#checkpoints.entries.size;
+  }
+
+  invalidCheckpointCount(): number {
+    return this.#checkpoints.invalid.size;
+  }
+
+  #checkpointChanged(key: string, _before: CheckpointRecord | undefined, after: CheckpointRecord | undefined): void {
+    const groupKey = key.slice(0, key.indexOf('.'));
+    let set = this.#checkpointsByGroup.get(groupKey);
+    if (after !== undefined) {
+      if (set === undefined) this.#checkpointsByGroup.set(groupKey, (set = new Set()));
+      set.add(key);
+    } else if (set !== undefined) {
+      set.delete(key);
+      if (set.size === 0) this.#checkpointsByGroup.delete(groupKey);
+    }
+  }
+
+  /** Watch restarts so far, over every mirrored bucket (a test and an operator signal). */
+  get watchRestarts(): number {
+    return this.#mirrors().reduce((n, m) => n + m.restarts, 0);
+  }
+}
+
+const EMPTY: ReadonlySet<string> = new Set();
