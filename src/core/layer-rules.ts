@@ -2,6 +2,9 @@
 // whiteout naming shared by capture and restore (R-G3). Pure: the tar reader in host-agent turns
 // bytes into LayerEntry values and asks a LayerValidator whether each may be written, and what it
 // becomes in overlay form. Every refusal is a LayerRuleError with a stable machine-readable reason.
+// Also the wire reasons a restore refusal of a layer carries in the agent's command result
+// (LAYER_REFUSAL_REASONS): the control plane reads them to tell "this checkpoint's data is bad, no
+// host can restore it" from a failure of one host.
 
 /** Stable refusal reasons; callers map them to LOST reasons / events without parsing messages. */
 export type LayerRefusalReason =
@@ -12,6 +15,7 @@ export type LayerRefusalReason =
   | 'too_many_entries'
   | 'layer_too_large' // sum of entry sizes (or the stream) above the configured maximum
   | 'name_too_long' // name, component, link target or depth above the limits
+  | 'names_too_large' // all entry names and link targets together above the limit (validator memory)
   | 'pax_header_too_large'
   | 'too_many_xattrs'
   | 'forbidden_xattr' // trusted.overlay.* must never come from a layer: it steers overlayfs itself
@@ -49,6 +53,12 @@ export interface LayerLimits {
   /** One PAX extended header body in bytes (holds long names and xattrs). */
   readonly maxPaxHeaderBytes: number;
   readonly maxXattrsPerEntry: number;
+  /**
+   * All entry names and link targets together, as string length (one per byte of an ASCII name).
+   * The validator remembers every path (for duplicates, parents and hard links), so this, with
+   * maxEntries, bounds its memory.
+   */
+  readonly maxNameBytesTotal: number;
 }
 
 export const DEFAULT_LAYER_LIMITS: LayerLimits = Object.freeze({
@@ -60,6 +70,7 @@ export const DEFAULT_LAYER_LIMITS: LayerLimits = Object.freeze({
   maxLinkTargetBytes: 4095,
   maxPaxHeaderBytes: 256 * 1024,
   maxXattrsPerEntry: 64,
+  maxNameBytesTotal: 256 * 1024 ** 2,
 });
 
 /** Merge partial overrides onto the defaults, refusing nonsense (non-positive, non-integer). */
@@ -69,6 +80,83 @@ export function layerLimits(overrides: Partial<LayerLimits> = {}): LayerLimits {
     if (!Number.isSafeInteger(value) || value <= 0) throw new RangeError(`layer limit ${key} must be a positive integer, got ${String(value)}`);
   }
   return Object.freeze(merged);
+}
+
+/**
+ * The longest layer tar stream (the manifest's layer size) a layer within `limits` can take: its data
+ * plus as much again for headers, padding and PAX records (the bound restore has always used), and
+ * the end-of-archive blocks and record padding. A larger declared size is refused before any fetch.
+ */
+export function maxLayerStreamBytes(limits: LayerLimits): number {
+  return limits.maxLayerBytes * 2 + 1024 * 1024;
+}
+
+// ---- wire reasons of a refused restore ------------------------------------------------------------
+
+/**
+ * Why a restore refused a layer itself: its data is hostile, oversized or corrupt, so no other host
+ * can restore it either (the control plane must not retry elsewhere). Every one starts with
+ * `layer_`. The agent's message says more (the rule, the member, the entry).
+ */
+export const LAYER_REFUSAL_REASONS = [
+  /** More entries than the agent's `maxEntries`. */
+  'layer_entry_limit',
+  /** Entry data above `maxLayerBytes`, or a declared layer size above what such a layer can be. */
+  'layer_size_limit',
+  /** A name, path depth, link target, PAX header, xattr count, or all names together above the limits. */
+  'layer_header_limit',
+  /** `..`, an absolute or empty name, a duplicate path, or a path below a non-directory. */
+  'layer_path_invalid',
+  /** A symlink leaving the root, a hard link not to an earlier file of the layer, a path through a symlink. */
+  'layer_link_invalid',
+  /** A device node or fifo that is not a whiteout, an unknown entry type, a malformed whiteout. */
+  'layer_type_invalid',
+  /** A `trusted.overlay.*` xattr (it steers overlayfs itself). */
+  'layer_xattr_invalid',
+  /** Not a well-formed tar (checksum, numbers, truncation, data after the end). */
+  'layer_malformed',
+  /** The layer's bytes do not hash to the manifest's layer digest. */
+  'layer_digest_mismatch',
+  /** The layer has more or fewer bytes than the manifest says. */
+  'layer_size_mismatch',
+  /** A chunk the manifest names is not in the chunk store. */
+  'layer_chunk_missing',
+  /** A chunk from the store does not hash to the digest it is stored under. */
+  'layer_chunk_digest_mismatch',
+] as const;
+
+export type LayerRefusal = (typeof LAYER_REFUSAL_REASONS)[number];
+
+const LAYER_REFUSAL_SET: ReadonlySet<string> = new Set(LAYER_REFUSAL_REASONS);
+
+/** True for a restore result reason that blames the layer's data, not the host (see above). */
+export function isLayerRefusal(reason: string): reason is LayerRefusal {
+  return LAYER_REFUSAL_SET.has(reason);
+}
+
+const REFUSAL_OF_RULE: Readonly<Record<LayerRefusalReason, LayerRefusal>> = {
+  too_many_entries: 'layer_entry_limit',
+  layer_too_large: 'layer_size_limit',
+  name_too_long: 'layer_header_limit',
+  names_too_large: 'layer_header_limit',
+  pax_header_too_large: 'layer_header_limit',
+  too_many_xattrs: 'layer_header_limit',
+  path_traversal: 'layer_path_invalid',
+  absolute_path: 'layer_path_invalid',
+  invalid_name: 'layer_path_invalid',
+  duplicate_entry: 'layer_path_invalid',
+  parent_not_directory: 'layer_path_invalid',
+  link_escape: 'layer_link_invalid',
+  device_node: 'layer_type_invalid',
+  unsupported_entry_type: 'layer_type_invalid',
+  invalid_whiteout: 'layer_type_invalid',
+  forbidden_xattr: 'layer_xattr_invalid',
+  malformed_tar: 'layer_malformed',
+};
+
+/** The wire reason of a refused entry rule. */
+export function layerRefusalOf(rule: LayerRefusalReason): LayerRefusal {
+  return REFUSAL_OF_RULE[rule];
 }
 
 // ---- OCI whiteouts -------------------------------------------------------------------------------
@@ -191,6 +279,7 @@ type Seen = 'directory' | 'file' | 'symlink' | 'other';
 export class LayerValidator {
   private entries = 0;
   private dataBytes = 0;
+  private nameBytes = 0;
   private readonly seen = new Map<string, Seen>();
   private readonly opaque = new Set<string>();
 
@@ -221,6 +310,9 @@ export class LayerValidator {
     this.checkXattrs(entry);
 
     const path = normalizeEntryPath(raw, this.limits);
+    // What this entry adds to the names the validator holds (the raw name is never shorter than its normal form).
+    this.nameBytes += raw.length + (entry.linkName?.length ?? 0);
+    if (this.nameBytes > this.limits.maxNameBytesTotal) throw new LayerRuleError('names_too_large', `entry names exceed ${this.limits.maxNameBytesTotal} bytes in all`, raw);
     if (entry.type === 'char-device' || entry.type === 'block-device' || entry.type === 'fifo') {
       throw new LayerRuleError('device_node', `${entry.type} entries are refused (whiteouts travel as .wh. files)`, raw);
     }

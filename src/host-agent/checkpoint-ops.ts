@@ -5,9 +5,14 @@
 // LAST — a checkpoint exists only once its manifest does. A retried command finds the manifest and
 // answers it again instead of capturing twice.
 // Restore: validate the manifest, check it fits this host (same base image id, same proven bridge
-// version), check it is the stored one, recreate each member from the same image id with its layer
-// applied into the new container's upper dir BEFORE any start, then prove the native session files
-// (cold-start check). Anything less removes what was created and reports why.
+// version), check it is the stored one; then VALIDATE every member's layer (one streaming pass per
+// layer: every chunk digest, the whole-layer digest and every tar header against the configured
+// limits, on a worker thread, nothing written but the host's chunk cache) before any container is
+// created; only then recreate each member from the same image id with its layer extracted into the
+// new container's upper dir BEFORE any start, and prove the native session files (cold-start check).
+// Anything less removes what was created and reports why: a refused layer is REFUSED with a
+// `layer_*` reason (core LAYER_REFUSAL_REASONS: no host can restore it), a failure of this host is
+// FAILED with its own reason (layer/errors.ts restoreFailureOf).
 import { decideStopCleanliness } from '../core/clean-stop.ts';
 import {
   ManifestError,
@@ -24,9 +29,11 @@ import type { FleetMetrics } from '../observability/metrics.ts';
 import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
 import type { WorkerConnection } from '../store/nats-auth.ts';
 import { CommandError, failed, refused } from './command-error.ts';
+import { DEFAULT_LAYER_RESTORE_SETTINGS, type LayerRestoreSettings } from './config.ts';
 import type { GroupOps } from './group-ops.ts';
-import { LayerTransferError } from './layer/errors.ts';
-import { fetchLayer, storeLayer } from './layer/layer-transfer.ts';
+import { ChunkCache } from './layer/chunk-cache.ts';
+import { restoreFailureOf } from './layer/errors.ts';
+import { extractVerifiedLayer, storeLayer, verifyLayer, type FetchLayerOptions, type VerifiedLayer } from './layer/layer-transfer.ts';
 import { CHECKPOINT_MANIFEST_SCHEMA_VERSION, coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
 import { discoverSessionFiles } from './session-discovery.ts';
@@ -50,6 +57,8 @@ export interface CheckpointOpsDeps {
   /** Where the chunk publish/fetch worker threads connect (their own connections); none = inline. */
   readonly workerConnection?: WorkerConnection | undefined;
   readonly logger?: Logger | undefined;
+  /** Layer limits and chunk cache (config.ts layerRestoreSettingsOf); default: every config default. */
+  readonly layerRestore?: LayerRestoreSettings | undefined;
 }
 
 export interface RestoreOutcome {
@@ -59,12 +68,12 @@ export interface RestoreOutcome {
   readonly verified: boolean;
 }
 
-/** Layer/transfer/store failures that mean "the checkpoint's data is bad" rather than "this host failed". */
-function isCorruption(err: unknown): boolean {
-  if (err instanceof LayerRuleError) return true;
-  if (err instanceof LayerTransferError) return err.reason === 'layer_digest_mismatch' || err.reason === 'layer_size_mismatch';
-  if (err instanceof ChunkStoreError) return err.reason === 'chunk_missing' || err.reason === 'chunk_digest_mismatch';
-  return false;
+/** A failed restore step as the command's answer: REFUSED for the layer's fault, FAILED for this host's. */
+function restoreError(memberId: string | undefined, err: unknown): CommandError {
+  if (err instanceof CommandError) return err;
+  const f = restoreFailureOf(err);
+  const message = memberId === undefined ? `restore: ${f.message}` : `restore of member ${memberId}: ${f.message}`;
+  return f.layerRefusal ? refused(f.reason, message) : failed(f.reason, message, err);
 }
 
 function sameManifest(a: CoreManifest, b: CoreManifest): boolean {
@@ -72,7 +81,26 @@ function sameManifest(a: CoreManifest, b: CoreManifest): boolean {
 }
 
 export class CheckpointOps {
+  private cache: Promise<ChunkCache | undefined> | undefined;
+
   constructor(private readonly deps: CheckpointOpsDeps) {}
+
+  private get layerRestore(): LayerRestoreSettings {
+    return this.deps.layerRestore ?? DEFAULT_LAYER_RESTORE_SETTINGS;
+  }
+
+  /** The host's chunk cache, opened once; none when disabled or when its directory is unusable. */
+  private chunkCache(): Promise<ChunkCache | undefined> {
+    const { cacheDir, cacheMaxBytes } = this.layerRestore;
+    if (cacheMaxBytes === 0) return Promise.resolve(undefined);
+    this.cache ??= ChunkCache.open({ dir: cacheDir, maxBytes: cacheMaxBytes }).catch((err: unknown) => {
+      // A restore without the cache still works (its extraction pass fetches the layer again).
+      this.deps.logger?.warn({ err, cacheDir }, 'chunk cache unusable; restores fetch every layer twice');
+      this.cache = undefined; // try again next time
+      return undefined;
+    });
+    return this.cache;
+  }
 
   async checkpoint(cmd: CheckpointCommand, generation: number, deadlineUnixMs = 0): Promise<CheckpointManifest> {
     const { runtime, store } = this.deps;
@@ -246,7 +274,7 @@ export class CheckpointOps {
     const stored = await store.getManifest(manifest.source.hostId, manifest.groupId, manifest.checkpointId).catch((err: unknown) => {
       if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') throw refused('no_checkpoint', err.message);
       if (err instanceof ManifestError) throw refused('checkpoint_corrupt', `stored manifest: ${err.message}`);
-      throw err;
+      throw failed('transfer_failed', `reading the stored manifest: ${(err as Error).message}`, err);
     });
     if (!sameManifest(stored, manifest)) throw refused('checkpoint_mismatch', `manifest differs from the stored checkpoint ${manifest.checkpointId}`);
 
@@ -259,16 +287,34 @@ export class CheckpointOps {
     for (const c of leftovers.values()) await runtime.remove(c.id, { force: true });
     await this.deps.groups.assertCapacity(manifest.members.length);
 
-    const created: string[] = [];
     const t0 = this.deps.nowMs();
+    const layerOptions: FetchLayerOptions = {
+      limits: this.layerRestore.limits,
+      cache: await this.chunkCache(),
+      ...(this.deps.workerConnection ? { fetchWorker: this.deps.workerConnection } : {}),
+    };
+    // Pass 1 for every member BEFORE anything is created: a hostile, oversized or corrupt layer is
+    // refused with nothing made and nothing written (only verified chunks in the host's cache).
+    const verified: VerifiedLayer[] = [];
+    const created: string[] = [];
     try {
+      for (const m of manifest.members) {
+        try {
+          const v = await verifyLayer(m.layer, store, layerOptions);
+          verified.push(v);
+          this.deps.metrics.checkpointBytes.inc({ kind: 'restore_cached' }, v.cachedBytes);
+          this.deps.metrics.checkpointBytes.inc({ kind: 'restore_fetched' }, v.fetchedBytes);
+        } catch (err) {
+          throw restoreError(m.memberId, err);
+        }
+      }
+      this.deps.metrics.checkpointDuration.observe({ phase: 'restore_validate' }, (this.deps.nowMs() - t0) / 1000);
+
       const members: RestoredMember[] = [];
       const problems: (SessionFileProblem & { memberId: string })[] = [];
-      for (const m of manifest.members) {
-        // The first chunk fetches overlap `docker create`; nothing is written before the
-        // container (and so its upper dir) exists.
-        const creating = runtime
-          .createMember({
+      for (const [i, m] of manifest.members.entries()) {
+        try {
+          const c = await runtime.createMember({
             groupId: manifest.groupId,
             memberId: m.memberId,
             cliKind: m.cliKind,
@@ -277,24 +323,16 @@ export class CheckpointOps {
             cmd: this.deps.groups.memberCommand(m.cliKind),
             env: { SANDBOXFLEET_GROUP_ID: manifest.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: m.cliKind },
             networkMode: this.deps.groups.memberNetworkMode,
-          })
-          .then((made) => {
-            created.push(made.id);
-            return made;
           });
-        const upperDir = creating.then((made) => runtime.upperDir(made.id));
-        upperDir.catch(() => undefined); // observed below; never an unhandled rejection meanwhile
-        try {
-          await fetchLayer(m.layer, store, upperDir, this.deps.workerConnection ? { fetchWorker: this.deps.workerConnection } : {}); // applied BEFORE any start (R-G5)
-        } finally {
-          // Settle the create before any cleanup below, so a failed fetch cannot leak the container.
-          await creating.catch(() => undefined);
+          created.push(c.id);
+          const upper = await runtime.upperDir(c.id);
+          await extractVerifiedLayer(verified[i]!, store, upper, layerOptions); // applied BEFORE any start (R-G5)
+          const found = await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator);
+          problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
+          members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });
+        } catch (err) {
+          throw restoreError(m.memberId, err);
         }
-        const c = await creating;
-        const upper = await upperDir;
-        const found = await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator);
-        problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
-        members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });
       }
       this.deps.metrics.checkpointDuration.observe({ phase: 'restore' }, (this.deps.nowMs() - t0) / 1000);
       if (problems.length > 0) {
@@ -304,11 +342,11 @@ export class CheckpointOps {
       }
       return { members, problems, verified: true };
     } catch (err) {
-      // Leave nothing half-restored behind (the control plane retries elsewhere, R-G5).
+      // Leave nothing half-restored behind (the control plane retries elsewhere on a host failure, R-G5).
       await Promise.allSettled(created.map((id) => runtime.remove(id, { force: true })));
-      if (err instanceof CommandError) throw err;
-      if (isCorruption(err)) throw failed('checkpoint_corrupt', `restore: ${(err as Error).message}`, err);
-      throw failed('restore_failed', `restore: ${(err as Error).message}`, err);
+      throw restoreError(undefined, err);
+    } finally {
+      for (const v of verified) v.release();
     }
   }
 }

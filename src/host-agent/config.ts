@@ -1,9 +1,12 @@
 // Host-agent configuration: one zod schema, parsed once by loadHostAgentConfig() from cmd/, never
 // at import time. Each field says why it exists. (src/config belongs to the control plane's lead;
 // the agent keeps its own schema next to the code that uses it.)
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { z } from 'zod';
 import { hostInboxPrefix } from '../core/agent-subjects.ts';
 import { ID_RULES, parseHostId } from '../core/ids.ts';
+import { DEFAULT_LAYER_LIMITS, layerLimits, type LayerLimits } from '../core/layer-rules.ts';
 import type { NatsAuthOptions } from '../store/nats-auth.ts';
 
 const IMAGE_ID_RE = /^sha256:[0-9a-f]{64}$/;
@@ -25,6 +28,10 @@ function jsonEnv(name: string, value: string | undefined): unknown {
  * handler, hence the explicit trap. Turns run as `docker exec` processes beside it.
  */
 export const DEFAULT_MEMBER_COMMAND = ['/bin/sh', '-c', "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"];
+
+/** Under the system temp dir: the chart mounts a writable volume there (the root file system is read-only). */
+const DEFAULT_LAYER_CACHE_DIR = join(tmpdir(), 'sandboxfleet-chunk-cache');
+const DEFAULT_LAYER_CACHE_MAX_BYTES = 1024 ** 3;
 
 export const HostAgentConfigSchema = z
   .object({
@@ -76,6 +83,23 @@ export const HostAgentConfigSchema = z
     /** Health (/healthz, /readyz) and Prometheus (/metrics) listener for kubelet probes and scraping; port 0 = any. */
     httpHost: z.string().min(1).default('127.0.0.1'),
     httpPort: z.coerce.number().int().min(0).max(65_535).default(9465),
+    /**
+     * Restore bounds (R-R4): a layer with more tar entries than this is refused (`layer_entry_limit`)
+     * in the validation pass, before anything is written. Also bounds the validator's memory.
+     */
+    layerMaxEntries: z.coerce.number().int().min(1).max(100_000_000).default(DEFAULT_LAYER_LIMITS.maxEntries),
+    /** A layer whose file data exceeds this many bytes is refused (`layer_size_limit`); so is a declared tar size above twice it. */
+    layerMaxBytes: z.coerce.number().int().min(1).max(2 ** 50).default(DEFAULT_LAYER_LIMITS.maxLayerBytes),
+    /** All entry names and link targets of a layer together, in characters (`layer_header_limit`); bounds the validator's memory. */
+    layerMaxNameBytesTotal: z.coerce.number().int().min(1).max(2 ** 40).default(DEFAULT_LAYER_LIMITS.maxNameBytesTotal),
+    /**
+     * Per-host chunk cache (host-agent/layer/chunk-cache.ts): restore's validation pass stores the
+     * chunks it fetched here and the extraction pass reads them back (verified on every read), and a
+     * group returning to this host fetches only what is missing. One agent process per directory.
+     */
+    layerCacheDir: z.string().min(1).default(DEFAULT_LAYER_CACHE_DIR),
+    /** Bytes the chunk cache keeps at most (least recently used evicted first); 0 = no cache (the extraction pass fetches again). */
+    layerCacheMaxBytes: z.coerce.number().int().min(0).max(2 ** 50).default(DEFAULT_LAYER_CACHE_MAX_BYTES),
   })
   .refine((c) => c.defaultStopGraceMs <= c.maxStopGraceMs, { message: 'defaultStopGraceMs must be ≤ maxStopGraceMs', path: ['defaultStopGraceMs'] });
 
@@ -127,6 +151,11 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     leaseEndUnixMs: env.SANDBOXFLEET_LEASE_END_UNIX_MS,
     httpHost: env.SANDBOXFLEET_HTTP_HOST,
     httpPort: env.SANDBOXFLEET_HTTP_PORT,
+    layerMaxEntries: env.SANDBOXFLEET_LAYER_MAX_ENTRIES,
+    layerMaxBytes: env.SANDBOXFLEET_LAYER_MAX_BYTES,
+    layerMaxNameBytesTotal: env.SANDBOXFLEET_LAYER_MAX_NAME_BYTES_TOTAL,
+    layerCacheDir: env.SANDBOXFLEET_LAYER_CACHE_DIR,
+    layerCacheMaxBytes: env.SANDBOXFLEET_LAYER_CACHE_MAX_BYTES,
   };
   // Empty strings mean "unset" for env vars.
   for (const [k, v] of Object.entries(raw)) if (v === '' || v === undefined) delete raw[k];
@@ -137,3 +166,22 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
 export function natsAuthOf(config: Pick<HostAgentConfig, 'hostId' | 'natsCredsFile' | 'natsCaFile'>): NatsAuthOptions {
   return { credsFile: config.natsCredsFile, caFile: config.natsCaFile, inboxPrefix: hostInboxPrefix(config.hostId) };
 }
+
+/** What restore needs from the configuration: the layer limits and the chunk cache (checkpoint-ops.ts). */
+export interface LayerRestoreSettings {
+  readonly limits: LayerLimits;
+  readonly cacheDir: string;
+  /** 0: no cache. */
+  readonly cacheMaxBytes: number;
+}
+
+export function layerRestoreSettingsOf(config: Pick<HostAgentConfig, 'layerMaxEntries' | 'layerMaxBytes' | 'layerMaxNameBytesTotal' | 'layerCacheDir' | 'layerCacheMaxBytes'>): LayerRestoreSettings {
+  return {
+    limits: layerLimits({ maxEntries: config.layerMaxEntries, maxLayerBytes: config.layerMaxBytes, maxNameBytesTotal: config.layerMaxNameBytesTotal }),
+    cacheDir: config.layerCacheDir,
+    cacheMaxBytes: config.layerCacheMaxBytes,
+  };
+}
+
+/** The settings an agent gets when its configuration is not passed down (every default). */
+export const DEFAULT_LAYER_RESTORE_SETTINGS: LayerRestoreSettings = Object.freeze({ limits: DEFAULT_LAYER_LIMITS, cacheDir: DEFAULT_LAYER_CACHE_DIR, cacheMaxBytes: DEFAULT_LAYER_CACHE_MAX_BYTES });

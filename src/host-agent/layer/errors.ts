@@ -1,5 +1,11 @@
 // Typed failures of moving a writable layer (R-G3, R-G5) that are not tar-rule refusals (those are
 // LayerRuleError from core/layer-rules.ts). `reason` is stable and machine-readable.
+// restoreFailureOf() is the one place that turns any restore failure into the reason and message of
+// the agent's command result: a refusal of the layer itself (core LAYER_REFUSAL_REASONS, `layer_*`:
+// no host can restore it) or a failure of this host (store unreachable, disk full, engine down).
+import { LayerRuleError, layerRefusalOf, type LayerRefusal } from '../../core/layer-rules.ts';
+import { DockerRuntimeError } from '../../docker/errors.ts';
+import { ChunkStoreError } from '../../store/chunk-store.ts';
 
 export type LayerTransferReason =
   /** GNU tar failed to read the upper dir (missing dir, file vanished, I/O error). */
@@ -12,8 +18,12 @@ export type LayerTransferReason =
   | 'layer_size_mismatch'
   /** Restore refuses to merge into a non-empty upper dir. */
   | 'target_not_empty'
-  /** GNU tar failed to write the validated stream (disk full, permissions). */
-  | 'extract_failed';
+  /** GNU tar failed to write the validated stream (permissions, I/O error). */
+  | 'extract_failed'
+  /** GNU tar (or a write of ours) found the disk or quota full. */
+  | 'disk_full'
+  /** The layer worker thread died (out of memory, crash) or could not start. */
+  | 'worker_failed';
 
 export class LayerTransferError extends Error {
   override readonly name = 'LayerTransferError';
@@ -23,5 +33,81 @@ export class LayerTransferError extends Error {
     options?: ErrorOptions,
   ) {
     super(message, options);
+  }
+}
+
+/** A restore failure as the command result carries it. */
+export type RestoreFailure =
+  | { readonly layerRefusal: true; readonly reason: LayerRefusal; readonly message: string }
+  | { readonly layerRefusal: false; readonly reason: string; readonly message: string };
+
+/**
+ * Host-level reasons a restore can fail with (the same checkpoint may restore on another host):
+ * `transfer_failed` (chunk store unreachable or timing out), `disk_full`, `extract_failed` (GNU tar
+ * failed otherwise), `restore_target_not_empty`, `layer_worker_failed`, `docker_<reason>` (engine:
+ * docker_engine_unavailable, docker_timeout, ...), `restore_failed` (anything else).
+ */
+export function restoreFailureOf(err: unknown): RestoreFailure {
+  const message = err instanceof Error ? err.message : String(err);
+  if (err instanceof LayerRuleError) {
+    const at = err.entryPath !== undefined && err.entryPath !== '' ? ` (entry ${JSON.stringify(err.entryPath.slice(0, 256))})` : '';
+    return { layerRefusal: true, reason: layerRefusalOf(err.reason), message: `${err.reason}: ${message}${at}` };
+  }
+  if (err instanceof LayerTransferError) {
+    switch (err.reason) {
+      case 'layer_digest_mismatch':
+      case 'layer_size_mismatch':
+        return { layerRefusal: true, reason: err.reason, message };
+      case 'target_not_empty':
+        return { layerRefusal: false, reason: 'restore_target_not_empty', message };
+      case 'worker_failed':
+        return { layerRefusal: false, reason: 'layer_worker_failed', message };
+      case 'disk_full':
+      case 'extract_failed':
+        return { layerRefusal: false, reason: err.reason, message };
+      default:
+        return { layerRefusal: false, reason: 'restore_failed', message };
+    }
+  }
+  if (err instanceof ChunkStoreError) {
+    if (err.reason === 'chunk_missing') return { layerRefusal: true, reason: 'layer_chunk_missing', message };
+    if (err.reason === 'chunk_digest_mismatch') return { layerRefusal: true, reason: 'layer_chunk_digest_mismatch', message };
+    if (err.reason === 'transfer_failed') return { layerRefusal: false, reason: 'transfer_failed', message };
+    return { layerRefusal: false, reason: 'restore_failed', message };
+  }
+  if (err instanceof DockerRuntimeError) return { layerRefusal: false, reason: `docker_${err.reason}`, message };
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  if (code === 'ENOSPC' || code === 'EDQUOT') return { layerRefusal: false, reason: 'disk_full', message };
+  return { layerRefusal: false, reason: 'restore_failed', message };
+}
+
+/** A layer error as plain data, to cross from a worker thread (structured clone drops classes). */
+export interface SerializedLayerError {
+  readonly kind: 'rule' | 'transfer' | 'store' | 'other';
+  readonly reason: string;
+  readonly message: string;
+  readonly entryPath?: string;
+  readonly code?: string;
+}
+
+export function serializeLayerError(err: unknown): SerializedLayerError {
+  const message = err instanceof Error ? err.message : String(err);
+  if (err instanceof LayerRuleError) return { kind: 'rule', reason: err.reason, message, ...(err.entryPath !== undefined ? { entryPath: err.entryPath } : {}) };
+  if (err instanceof LayerTransferError) return { kind: 'transfer', reason: err.reason, message };
+  if (err instanceof ChunkStoreError) return { kind: 'store', reason: err.reason, message };
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  return { kind: 'other', reason: '', message, ...(typeof code === 'string' ? { code } : {}) };
+}
+
+export function deserializeLayerError(e: SerializedLayerError): Error {
+  switch (e.kind) {
+    case 'rule':
+      return new LayerRuleError(e.reason as LayerRuleError['reason'], e.message, e.entryPath);
+    case 'transfer':
+      return new LayerTransferError(e.reason as LayerTransferReason, e.message);
+    case 'store':
+      return new ChunkStoreError(e.reason as ChunkStoreError['reason'], e.message);
+    default:
+      return Object.assign(new Error(e.message), e.code !== undefined ? { code: e.code } : {});
   }
 }

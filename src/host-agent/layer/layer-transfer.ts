@@ -1,16 +1,20 @@
 // Moves one writable layer between an overlay upper dir and the chunk store (R-G3, R-G5):
 // capture → content-defined chunks → pipelined, deduplicated uploads; and ordered, verified chunk
-// fetches → restore. The manifest (written last, by the caller) carries the returned LayerRef.
+// fetches → restore in two passes (restore.ts): verifyLayer validates everything and fills the
+// host's chunk cache, extractVerifiedLayer extracts from it. The manifest (written last, by the
+// caller) carries the returned LayerRef.
 import { MAX_CHUNK_BYTES, type ChunkRef, type LayerRef } from '../../core/checkpoint-manifest.ts';
-import { type LayerLimits } from '../../core/layer-rules.ts';
-import { DEFAULT_READ_IN_FLIGHT, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
+import { DEFAULT_LAYER_LIMITS, type LayerLimits } from '../../core/layer-rules.ts';
+import { ChunkStoreError, DEFAULT_READ_IN_FLIGHT, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
 import { fetchChunksInWorker } from '../../store/chunk-fetch-worker.ts';
 import { WorkerChunkWriter } from '../../store/chunk-publish-worker.ts';
 import type { WorkerConnection } from '../../store/nats-auth.ts';
 import { captureLayer } from './capture.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
-import { LayerTransferError } from './errors.ts';
-import { restoreLayer, type RestoredLayer } from './restore.ts';
+import { LayerTransferError, restoreFailureOf } from './errors.ts';
+import type { ChunkCache } from './chunk-cache.ts';
+import { WORKER_PASSES_TRANSFER } from './layer-workers.ts';
+import { checkDeclaredSize, extractIntoTarget, type LayerPasses, type RestoredLayer, type ScannedLayer } from './restore.ts';
 import { OffThreadStreamHash, digestOff, sharedBuffer } from './sha256-pool.ts';
 
 export interface StoreLayerOptions {
@@ -130,42 +134,150 @@ export interface FetchLayerOptions {
    * fetch overlaps parsing and extraction on this thread (measured: bench/checkpoint).
    */
   readonly fetchWorker?: WorkerConnection;
+  /**
+   * The host's chunk cache (chunk-cache.ts): pass 1 reads what it holds and stores what it fetched,
+   * pass 2 reads it back. Without one, pass 2 fetches the layer from the store again.
+   */
+  readonly cache?: ChunkCache | undefined;
+  /** Where the two passes run; default a layer worker thread (layer-workers.ts). */
+  readonly passes?: LayerPasses;
+}
+
+/** A layer pass 1 accepted: its chunks stay pinned in the cache until release(). */
+export interface VerifiedLayer {
+  readonly layer: LayerRef;
+  readonly scanned: ScannedLayer;
+  /** Pass 1's bytes read from the host's chunk cache and fetched from the store. */
+  readonly cachedBytes: number;
+  readonly fetchedBytes: number;
+  release(): void;
+}
+
+interface ChunkCounts {
+  cachedBytes: number;
+  fetchedBytes: number;
+  /** Chunks this pass added to the cache. */
+  readonly stored: ChunkRef[];
+}
+
+/** A buffer this code alone holds (store reads may be views into the NATS client's receive buffer). */
+function own(data: Buffer, copy = false): Buffer {
+  if (!copy && !(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength) return data;
+  const out = Buffer.allocUnsafeSlow(data.length); // its own ArrayBuffer (never the shared pool)
+  data.copy(out);
+  return out;
+}
+
+/** Cached chunks read ahead of the consumer (file reads overlap the digest checks). */
+const CACHE_READ_AHEAD = 4;
+/** Cache writes outstanding at once in pass 1 (they overlap the fetch and the scan). */
+const CACHE_PUTS_IN_FLIGHT = 8;
+
+/**
+ * The layer's chunks in order, each verified by its digest: from the cache when it holds them
+ * (verified on read), the rest fetched from the store (pipelined, on the fetch worker when one is
+ * configured). With `fill`, fetched chunks are also written to the cache (several writes in flight,
+ * each reading its own buffer: what is yielded is a copy). Every yielded buffer is the consumer's to
+ * transfer to another thread.
+ */
+async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts): AsyncGenerator<Buffer> {
+  const cache = options.cache?.enabled === true ? options.cache : undefined;
+  const cached = layer.chunks.map((c) => cache?.has(c.digest) === true);
+  const missing = layer.chunks.filter((_, i) => !cached[i]);
+  const inFlight = options.maxInFlight ?? DEFAULT_READ_IN_FLIGHT;
+  const fetched =
+    missing.length === 0
+      ? undefined
+      : options.fetchWorker
+        ? fetchChunksInWorker(missing, { servers: options.fetchWorker.servers, auth: options.fetchWorker.auth, stream: store.chunkStream, maxInFlight: inFlight })
+        : store.read(missing, inFlight, options.offThreadHash === true ? { digest: digestOff, shared: true } : {});
+  const reads = new Map<number, Promise<Buffer | undefined>>();
+  const puts = new Set<Promise<void>>();
+  /** Start writing `data` to the cache; returns what to yield (a copy when the write still reads it). */
+  const put = async (ref: ChunkRef, data: Buffer): Promise<Buffer> => {
+    if (!fill || cache === undefined) return data;
+    while (puts.size >= CACHE_PUTS_IN_FLIGHT) await Promise.race(puts);
+    const p: Promise<void> = cache.put(ref, data).then((stored) => {
+      if (stored) counts.stored.push(ref);
+    });
+    const tracked = p.finally(() => puts.delete(tracked));
+    puts.add(tracked);
+    return own(data, true);
+  };
+  try {
+    for (const [i, ref] of layer.chunks.entries()) {
+      for (let j = i; j < Math.min(layer.chunks.length, i + CACHE_READ_AHEAD); j++) {
+        if (cached[j] && !reads.has(j)) reads.set(j, cache!.get(layer.chunks[j]!));
+      }
+      let data: Buffer | undefined;
+      if (cached[i]) {
+        data = await reads.get(i)!;
+        reads.delete(i);
+        if (data !== undefined) counts.cachedBytes += data.length;
+        else {
+          // Evicted or corrupt since the index was read: fetch this one alone (verified by the store).
+          data = own(await store.get(ref));
+          counts.fetchedBytes += data.length;
+          data = await put(ref, data);
+        }
+      } else {
+        const next = await fetched!.next();
+        if (next.done === true) throw new ChunkStoreError('transfer_failed', `chunk fetch ended before chunk ${i} of ${layer.chunks.length}`);
+        data = own(next.value);
+        counts.fetchedBytes += data.length;
+        data = await put(ref, data);
+      }
+      yield data;
+    }
+  } finally {
+    await fetched?.return(undefined).catch(() => undefined);
+    await Promise.allSettled([...reads.values(), ...puts]);
+  }
 }
 
 /**
- * Fetch, verify and extract a stored layer into `targetDir` (absent or empty). Every chunk digest
- * and the whole-layer digest are verified while streaming (R-R2). `targetDir`
- * may be a promise (e.g. of the upper dir of a container being created): chunk fetches start at
- * once and overlap with it; nothing is written before it resolves.
+ * Pass 1 (restore.ts): fetch the layer once (or read it from the cache), verify every chunk, the
+ * whole-layer digest and size, and validate every tar header, writing nothing but cache files.
+ * Refusals throw LayerRuleError / LayerTransferError / ChunkStoreError (errors.ts restoreFailureOf).
  */
-export async function fetchLayer(layer: LayerRef, store: ChunkStore, targetDir: string | Promise<string>, options: FetchLayerOptions = {}): Promise<RestoredLayer> {
-  const offThread = options.offThreadHash ?? false;
-  const inFlight = options.maxInFlight ?? DEFAULT_READ_IN_FLIGHT;
-  const chunks = options.fetchWorker
-    ? fetchChunksInWorker(layer.chunks, { servers: options.fetchWorker.servers, auth: options.fetchWorker.auth, stream: store.chunkStream, maxInFlight: inFlight })
-    : store.read(layer.chunks, inFlight, offThread ? { digest: digestOff, shared: true } : {});
-  // Start the generator now: its first next() issues the first window of direct gets.
-  const first = chunks.next();
-  first.catch(() => undefined); // surfaced by the loop below, or moot if the target fails
-  let target: string;
+export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions = {}): Promise<VerifiedLayer> {
+  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
+  checkDeclaredSize(layer, limits);
+  const release = options.cache?.pin(layer.chunks) ?? ((): void => undefined);
+  const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
   try {
-    target = await targetDir;
+    const scanned = await (options.passes ?? WORKER_PASSES_TRANSFER).scan(layerChunks(layer, store, options, true, counts), { expected: layer, limits });
+    return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, release };
   } catch (err) {
-    await chunks.return(undefined).catch(() => undefined);
+    release();
+    // A refused layer's chunks are of no use to anyone: they leave the cache again.
+    if (restoreFailureOf(err).layerRefusal) await options.cache?.discard(counts.stored);
     throw err;
   }
-  const source = (async function* (): AsyncGenerator<Buffer> {
-    for (let r = await first; r.done !== true; r = await chunks.next()) yield r.value;
-  })();
-  const layerHash = offThread ? new OffThreadStreamHash() : null;
+}
+
+/** Pass 2: extract a verified layer into `targetDir` (absent or empty), from the cache or the store. */
+export async function extractVerifiedLayer(verified: VerifiedLayer, store: ChunkStore, targetDir: string, options: FetchLayerOptions = {}): Promise<RestoredLayer> {
+  const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
+  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts), verified.scanned, verified.layer, targetDir, {
+    passes: options.passes ?? WORKER_PASSES_TRANSFER,
+    ...(options.limits ? { limits: options.limits } : {}),
+    ...(options.tarPath ? { tarPath: options.tarPath } : {}),
+  });
+}
+
+/**
+ * Fetch, verify and extract a stored layer into `targetDir` (absent or empty): pass 1 verifies every
+ * chunk digest, the whole-layer digest and every header before anything is written (R-R2, R-R4);
+ * pass 2 extracts. `targetDir` may be a promise (e.g. of the upper dir of a container being
+ * created): it is awaited only after pass 1 accepted the layer.
+ */
+export async function fetchLayer(layer: LayerRef, store: ChunkStore, targetDir: string | Promise<string>, options: FetchLayerOptions = {}): Promise<RestoredLayer> {
+  if (targetDir instanceof Promise) targetDir.catch(() => undefined); // awaited below, after pass 1
+  const verified = await verifyLayer(layer, store, options);
   try {
-    return await restoreLayer(source, layer, target, {
-      ...(layerHash ? { layerHash } : {}),
-      ...(options.limits ? { limits: options.limits } : {}),
-      ...(options.tarPath ? { tarPath: options.tarPath } : {}),
-    });
+    return await extractVerifiedLayer(verified, store, await targetDir, options);
   } finally {
-    layerHash?.abort(); // no-op once digested; frees the worker's state after an early failure
-    await chunks.return(undefined).catch(() => undefined);
+    verified.release();
   }
 }

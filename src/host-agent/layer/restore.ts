@@ -1,18 +1,27 @@
-// Restore an OCI layer tar into an overlay upper dir (R-G5, R-R4). The stream is hashed and parsed
-// here; every entry is validated (core/layer-rules.ts) BEFORE it is handed to GNU tar, converted to
-// overlay form on the way (`.wh.x` → 0/0 char device `x`, `.wh..wh..opq` → the directory again
-// with trusted.overlay.opaque=y), and re-encoded so tar only ever sees names we produced.
-// Atomicity: extraction goes into a fresh staging dir next to the target (same filesystem); only
-// when the whole-layer digest, the size, the tar structure and tar's exit status are all good is
-// the staging dir renamed onto the (empty) target. Any failure removes the staging dir, so the
-// target is either untouched or complete, and nothing is ever written outside the staging dir.
+// Restore an OCI layer tar into an overlay upper dir (R-G5, R-R4) in two passes over the same bytes:
+//  1. scan: hash the whole stream and validate EVERY header (core/layer-rules.ts: entry count, total
+//     size, names, links, types, xattrs) while writing nothing at all; the layer digest and size must
+//     equal the manifest's. A hostile or corrupt layer is refused here, with a reason.
+//  2. extract: only then parse again (validated again, same rules), convert to overlay form on the
+//     way (`.wh.x` → 0/0 char device `x`, `.wh..wh..opq` → the directory again with
+//     trusted.overlay.opaque=y) and re-encode every header, so GNU tar only sees names we produced.
+// Both passes read a replayable source: layer-transfer.ts replays verified chunks (from the per-host
+// chunk cache, or the store again). They run on a layer worker thread (layer-workers.ts) unless
+// `inline`: parsing and a validator that remembers up to millions of paths must not stall the
+// agent's heartbeats and command handling, nor grow its main heap.
+// Atomicity: extraction goes into a fresh staging dir next to the target (same filesystem), created
+// only after pass 1 accepted the layer; only when tar exited 0 having seen exactly what pass 1 saw is
+// it renamed onto the (empty) target. A failed extraction's staging dir is removed by `rm -rf` in a
+// child process (a Node recursive rm of a million files queues a million operations on the libuv
+// thread pool, and the agent's own file system calls, e.g. the heartbeat's statfs, wait behind them).
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdir, readdir, rename, rm, rmdir } from 'node:fs/promises';
+import { mkdir, readdir, rename, rmdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { DEFAULT_LAYER_LIMITS, LayerRuleError, LayerValidator, OVERLAY_OPAQUE_XATTR, type LayerLimits } from '../../core/layer-rules.ts';
+import { DEFAULT_LAYER_LIMITS, LayerRuleError, LayerValidator, OVERLAY_OPAQUE_XATTR, maxLayerStreamBytes, type LayerLimits } from '../../core/layer-rules.ts';
 import { LayerTransferError } from './errors.ts';
+import { WORKER_PASSES } from './layer-workers.ts';
 import { END_OF_ARCHIVE, TarParser, dataPadding, encodeHeader, type TarHeader, type TarSink } from './tar-format.ts';
 
 export interface ExpectedLayer {
@@ -29,20 +38,42 @@ export interface StreamHash {
   abort?(): void;
 }
 
-export interface RestoreOptions {
-  readonly limits?: LayerLimits;
-  readonly tarPath?: string;
-  readonly layerHash?: StreamHash;
-}
+export type LayerChunks = AsyncIterable<Uint8Array> | Iterable<Uint8Array>;
 
-function localStreamHash(): StreamHash {
-  const hash = createHash('sha256');
-  return { update: (data) => hash.update(data), digest: () => `sha256:${hash.digest('hex')}` };
+/** What pass 1 established about a layer: digest and size as expected, every header admitted. */
+export interface ScannedLayer {
+  readonly digest: string;
+  readonly size: number;
+  readonly entries: number;
 }
 
 export interface RestoredLayer {
   readonly entries: number;
   readonly size: number;
+}
+
+export interface ScanJob {
+  readonly expected: ExpectedLayer;
+  readonly limits: LayerLimits;
+}
+
+export interface ExtractJob extends ScanJob {
+  /** An existing empty directory to extract into. */
+  readonly staging: string;
+  readonly tarPath: string;
+}
+
+/** Where the two passes run: this thread (`INLINE_PASSES`) or a layer worker (layer-workers.ts). */
+export interface LayerPasses {
+  scan(chunks: LayerChunks, job: ScanJob): Promise<ScannedLayer>;
+  extract(chunks: LayerChunks, job: ExtractJob): Promise<RestoredLayer>;
+}
+
+export interface RestoreOptions {
+  readonly limits?: LayerLimits;
+  readonly tarPath?: string;
+  /** Where the passes run: default a layer worker thread (WORKER_PASSES); INLINE_PASSES here. */
+  readonly passes?: LayerPasses;
 }
 
 /**
@@ -66,8 +97,7 @@ export class OciToOverlay implements TarSink {
   constructor(private readonly validator: LayerValidator) {}
 
   entry(h: TarHeader): void {
-    const entry = { name: h.name, type: h.type, size: h.size, xattrNames: [...h.xattrs.keys()] };
-    const admitted = this.validator.admit(h.linkName !== undefined ? { ...entry, linkName: h.linkName } : entry);
+    const admitted = this.validator.admit(layerEntryOf(h));
     this.dataSize = h.type === 'file' ? h.size : 0;
     switch (admitted.kind) {
       case 'entry': {
@@ -101,29 +131,75 @@ export class OciToOverlay implements TarSink {
   }
 }
 
-async function assertEmptyOrAbsent(target: string): Promise<boolean> {
-  try {
-    const names = await readdir(target);
-    if (names.length > 0) throw new LayerTransferError('target_not_empty', `restore target ${target} is not empty`);
-    return true;
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
-    throw err;
+function layerEntryOf(h: TarHeader): Parameters<LayerValidator['admit']>[0] {
+  const entry = { name: h.name, type: h.type, size: h.size, xattrNames: [...h.xattrs.keys()] };
+  return h.linkName !== undefined ? { ...entry, linkName: h.linkName } : entry;
+}
+
+/** Pass 1's sink: admits every entry, keeps nothing of the data. */
+class ScanSink implements TarSink {
+  constructor(private readonly validator: LayerValidator) {}
+  entry(h: TarHeader): void {
+    this.validator.admit(layerEntryOf(h));
   }
+  data(): void {}
+  entryEnd(): void {}
+}
+
+const asBuffer = (input: Uint8Array): Buffer => (Buffer.isBuffer(input) ? input : Buffer.from(input.buffer, input.byteOffset, input.byteLength));
+
+/** A declared size no layer within the limits can have is refused before anything is read. */
+export function checkDeclaredSize(expected: ExpectedLayer, limits: LayerLimits): void {
+  if (expected.size > maxLayerStreamBytes(limits)) throw new LayerRuleError('layer_too_large', `layer of ${expected.size} bytes exceeds the limit (${maxLayerStreamBytes(limits)} bytes of tar for ${limits.maxLayerBytes} bytes of data)`);
 }
 
 /**
- * Verify and extract a layer stream into `targetDir` (absent or empty). Throws LayerRuleError for
- * a refused entry, LayerTransferError for digest/size/extract failures; the target then is unchanged.
+ * Pass 1: hash and validate the whole stream, writing nothing. Throws LayerRuleError on the first
+ * refused header (possibly before the digest is complete: nothing was trusted or written), or
+ * LayerTransferError when size or digest differ from `expected`.
  */
-export async function restoreLayer(source: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, expected: ExpectedLayer, targetDir: string, options: RestoreOptions = {}): Promise<RestoredLayer> {
-  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
-  // Tar headers can at most double a layer of empty entries; the data bound is the validator's.
-  if (expected.size > limits.maxLayerBytes * 2 + 1024 * 1024) throw new LayerRuleError('layer_too_large', `layer of ${expected.size} bytes exceeds the limit`);
-  const targetExists = await assertEmptyOrAbsent(targetDir);
-  const staging = join(dirname(targetDir), `.${basename(targetDir)}.restore-${randomBytes(6).toString('hex')}`);
-  await mkdir(staging, { mode: 0o700 });
-  const child = spawn(options.tarPath ?? 'tar', restoreTarArgs(staging), { stdio: ['pipe', 'ignore', 'pipe'] });
+export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamHash = localStreamHash()): Promise<ScannedLayer> {
+  const { expected, limits } = job;
+  checkDeclaredSize(expected, limits);
+  const validator = new LayerValidator(limits);
+  const parser = new TarParser(new ScanSink(validator), limits.maxPaxHeaderBytes);
+  let size = 0;
+  let digested = false;
+  try {
+    for await (const input of chunks) {
+      size += input.length;
+      if (size > expected.size) throw new LayerTransferError('layer_size_mismatch', `layer is longer than the expected ${expected.size} bytes`);
+      hash.update(input);
+      parser.push(asBuffer(input));
+    }
+    if (size !== expected.size) throw new LayerTransferError('layer_size_mismatch', `layer has ${size} bytes, expected ${expected.size}`);
+    digested = true;
+    const digest = await hash.digest();
+    if (digest !== expected.digest) throw new LayerTransferError('layer_digest_mismatch', `layer hashes to ${digest}, expected ${expected.digest}`);
+    parser.end();
+    return { digest, size, entries: validator.entryCount };
+  } finally {
+    if (!digested) hash.abort?.();
+  }
+}
+
+function localStreamHash(): StreamHash {
+  const hash = createHash('sha256');
+  return { update: (data) => hash.update(data), digest: () => `sha256:${hash.digest('hex')}` };
+}
+
+/** tar's own words for a full disk or quota (its exit status alone cannot tell). */
+const DISK_FULL = /No space left on device|Disk quota exceeded/i;
+
+/**
+ * Pass 2: convert and extract into `job.staging` with GNU tar. The bytes are the ones pass 1
+ * accepted (every chunk re-verified by its digest on the way), and every header is admitted again.
+ * Throws LayerTransferError `extract_failed` / `disk_full` when tar fails. Leaves cleanup of the
+ * staging dir to the caller.
+ */
+export async function extractLayer(chunks: LayerChunks, job: ExtractJob): Promise<RestoredLayer> {
+  const { expected, limits } = job;
+  const child = spawn(job.tarPath, restoreTarArgs(job.staging), { stdio: ['pipe', 'ignore', 'pipe'] });
   let stderr = '';
   child.stderr.setEncoding('utf8').on('data', (s: string) => {
     if (stderr.length < 8192) stderr += s;
@@ -136,42 +212,99 @@ export async function restoreLayer(source: AsyncIterable<Uint8Array> | Iterable<
       res(null);
     });
   });
-  let committed = false;
-  const hash = options.layerHash ?? localStreamHash();
-  let hashed = false;
+  let finished = false;
   try {
     const validator = new LayerValidator(limits);
     const sink = new OciToOverlay(validator);
     const parser = new TarParser(sink, limits.maxPaxHeaderBytes);
     let size = 0;
-    for await (const input of source) {
+    for await (const input of chunks) {
       size += input.length;
       if (size > expected.size) throw new LayerTransferError('layer_size_mismatch', `layer is longer than the expected ${expected.size} bytes`);
-      hash.update(input);
-      parser.push(Buffer.isBuffer(input) ? input : Buffer.from(input.buffer, input.byteOffset, input.byteLength));
+      parser.push(asBuffer(input));
       let writable = true;
       for (const piece of sink.out) writable = child.stdin.write(piece);
       sink.out.length = 0;
       if (!writable && child.exitCode === null) await Promise.race([once(child.stdin, 'drain'), exited]);
     }
     if (size !== expected.size) throw new LayerTransferError('layer_size_mismatch', `layer has ${size} bytes, expected ${expected.size}`);
-    hashed = true;
-    const digest = await hash.digest();
-    if (digest !== expected.digest) throw new LayerTransferError('layer_digest_mismatch', `layer hashes to ${digest}, expected ${expected.digest}`);
     parser.end();
     child.stdin.end(END_OF_ARCHIVE);
     const code = await exited;
-    if (code !== 0) throw new LayerTransferError('extract_failed', `tar -x exited ${String(code)}: ${stderr.trim()}`);
+    finished = true;
+    if (code !== 0) throw new LayerTransferError(DISK_FULL.test(stderr) ? 'disk_full' : 'extract_failed', `tar -x exited ${String(code)}: ${stderr.trim()}`);
+    return { entries: validator.entryCount, size };
+  } finally {
+    if (!finished) {
+      if (child.exitCode === null) child.kill('SIGKILL');
+      await exited;
+    }
+  }
+}
+
+/** Both passes on the calling thread. */
+export const INLINE_PASSES: LayerPasses = { scan: (chunks, job) => scanLayer(chunks, job), extract: extractLayer };
+
+async function assertEmptyOrAbsent(target: string): Promise<boolean> {
+  try {
+    const names = await readdir(target);
+    if (names.length > 0) throw new LayerTransferError('target_not_empty', `restore target ${target} is not empty`);
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    throw err;
+  }
+}
+
+/** `rm -rf` in a child process (see the file header for why not fs.rm). */
+export async function removeTree(dir: string): Promise<void> {
+  const child = spawn('rm', ['-rf', '--one-file-system', '--', dir], { stdio: 'ignore' });
+  await new Promise<void>((res) => {
+    child.on('close', () => res());
+    child.on('error', () => res());
+  });
+}
+
+/** A source that can be read twice: an array of buffers, or a function opening a fresh stream. */
+export type LayerSource = readonly Uint8Array[] | (() => LayerChunks);
+
+const opener = (source: LayerSource): (() => LayerChunks) => (typeof source === 'function' ? source : () => source);
+
+/**
+ * Pass 2 into `targetDir` (absent or empty) for a layer pass 1 accepted as `scanned`: a staging dir
+ * next to it, renamed onto it only when the extraction saw exactly what the scan saw and tar exited
+ * 0; otherwise removed, and the target is unchanged.
+ */
+export async function extractIntoTarget(source: LayerSource, scanned: ScannedLayer, expected: ExpectedLayer, targetDir: string, options: RestoreOptions = {}): Promise<RestoredLayer> {
+  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
+  const passes = options.passes ?? WORKER_PASSES;
+  const targetExists = await assertEmptyOrAbsent(targetDir);
+  const staging = join(dirname(targetDir), `.${basename(targetDir)}.restore-${randomBytes(6).toString('hex')}`);
+  await mkdir(staging, { mode: 0o700 });
+  let committed = false;
+  try {
+    const restored = await passes.extract(opener(source)(), { expected, limits, staging, tarPath: options.tarPath ?? 'tar' });
+    // Same bytes, same rules: anything else means the second read was not the first.
+    if (restored.entries !== scanned.entries || restored.size !== scanned.size) {
+      throw new LayerTransferError('layer_size_mismatch', `extraction saw ${restored.entries} entries / ${restored.size} bytes, validation ${scanned.entries} / ${scanned.size}`);
+    }
     if (targetExists) await rmdir(targetDir);
     await rename(staging, targetDir);
     committed = true;
-    return { entries: validator.entryCount, size };
+    return restored;
   } finally {
-    if (!committed) {
-      if (!hashed) hash.abort?.();
-      if (child.exitCode === null) child.kill('SIGKILL');
-      await exited;
-      await rm(staging, { recursive: true, force: true });
-    }
+    if (!committed) await removeTree(staging);
   }
+}
+
+/**
+ * Verify and extract a layer into `targetDir` (absent or empty; may be a promise, awaited only after
+ * pass 1 accepted the layer). Throws LayerRuleError for a refused entry, LayerTransferError for
+ * size/digest/extract failures; the target is then unchanged and no staging dir is left.
+ */
+export async function restoreLayer(source: LayerSource, expected: ExpectedLayer, targetDir: string | Promise<string>, options: RestoreOptions = {}): Promise<RestoredLayer> {
+  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
+  checkDeclaredSize(expected, limits);
+  const scanned = await (options.passes ?? WORKER_PASSES).scan(opener(source)(), { expected, limits });
+  return extractIntoTarget(source, scanned, expected, await targetDir, options);
 }

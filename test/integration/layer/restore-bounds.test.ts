@@ -1,0 +1,232 @@
+// Bounded restore before extraction (issue #11 item 3) on real parts: a real dockerd host, a real
+// nats-server, the real host agent (in-process) and GNU tar. A hostile layer must be refused in the
+// validation pass, BEFORE anything is written (no container, no staging dir, GNU tar never asked to
+// extract), with a precise machine-readable reason in the command result, while the agent's
+// heartbeats stay on time. The agent-level cases use the default limits; the configured limits
+// (entry bomb, size bomb) and the per-host chunk cache are driven through CheckpointOps with a
+// parsed agent configuration on the same real engine and store.
+// The 1,000,000-entry and 1 GiB figures come from bench/restore-bounds/run.ts, not from here.
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isLayerRefusal } from '../../../src/core/layer-rules.ts';
+import { DockerRuntime } from '../../../src/docker/runtime.ts';
+import { CommandOutcome, Heartbeat } from '../../../src/gen/sandboxfleet/v1/agent.ts';
+import { CheckpointOps } from '../../../src/host-agent/checkpoint-ops.ts';
+import { CommandError } from '../../../src/host-agent/command-error.ts';
+import { layerRestoreSettingsOf, parseHostAgentConfig, type HostAgentConfigInput } from '../../../src/host-agent/config.ts';
+import { GroupOps } from '../../../src/host-agent/group-ops.ts';
+import { FleetMetrics } from '../../../src/observability/metrics.ts';
+import { ChunkStore } from '../../../src/store/chunk-store.ts';
+import { AgentSubjects } from '../../../src/core/agent-subjects.ts';
+import { Collector, TEST_AGENT_SHA, registrationResponder, sendCommand, startAgent, type InProcessAgent } from '../../support/agent.ts';
+import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
+import { startTestNats, type TestNats } from '../../support/nats.ts';
+import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
+import { BRIDGE, entryBomb, filesLayer, header, recordTarInvocations, stagingDirs, storeLayerBytes, testManifest, wireManifest } from './restore-fixtures.ts';
+
+const HOST = 'host-t';
+const HEARTBEAT_MS = 250;
+const MiB = 1024 * 1024;
+
+let nats: TestNats | undefined;
+let host: DockerHost | undefined;
+let nc: NatsConnection;
+let store: ChunkStore;
+let image: SandboxImage;
+let agent: InProcessAgent | undefined;
+let tar: ReturnType<typeof recordTarInvocations>;
+const scratch = mkdtempSync(join(tmpdir(), 'sf-restore-bounds-'));
+
+beforeAll(async () => {
+  tar = recordTarInvocations(); // before any worker or child starts: they copy PATH then
+  const [n, hosts] = await Promise.all([startTestNats(), startDockerHosts(1)]);
+  nats = n;
+  [host] = hosts;
+  nc = await nats.connect('control-plane-driver');
+  store = await ChunkStore.open(nc);
+  registrationResponder(nc, { firstEpoch: 1 });
+  image = await provisionSandboxImage([host!.docker], { bridgeVersion: BRIDGE });
+  agent = await startAgent(await nats.connect(HOST), { hostId: HOST, natsUrl: nats.server.url, host: host!, imageRef: image.reference, overrides: { heartbeatIntervalMs: HEARTBEAT_MS } });
+});
+
+afterAll(async () => {
+  await agent?.stop();
+  await nats?.cleanup();
+  await destroyAll([host]);
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+async function restoreOnAgent(groupId: string, manifest: ReturnType<typeof testManifest>) {
+  return sendCommand(nc, { hostId: HOST, epoch: agent!.agent.epoch!, generation: 1 }, { $case: 'restore', value: { groupId, manifest: wireManifest(manifest, image.reference) } });
+}
+
+/** Longest gap between heartbeats received while `run` ran, the beats just before and after included. */
+async function longestHeartbeatGap<T>(run: () => Promise<T>): Promise<{ result: T; gapMs: number; beats: number }> {
+  const beats = new Collector(nc, AgentSubjects.heartbeat(HOST), (b) => ({ at: performance.now(), seq: Heartbeat.decode(b).sequence }));
+  try {
+    await beats.waitFor(() => true, 10_000);
+    const result = await run();
+    const end = performance.now();
+    await beats.waitFor((b) => b.at > end, 10_000);
+    const times = beats.items.map((b) => b.at);
+    let gapMs = 0;
+    for (let i = 1; i < times.length; i++) gapMs = Math.max(gapMs, times[i]! - times[i - 1]!);
+    return { result, gapMs, beats: times.length };
+  } finally {
+    await beats.stop();
+  }
+}
+
+describe('the host agent refuses a hostile layer before extracting anything', () => {
+  it('a 100,000-entry layer whose last entry is `../escaped`: REFUSED layer_path_invalid, nothing created or written, heartbeats on time', async () => {
+    const groupId = 'g-escape';
+    const layer = await storeLayerBytes(store, entryBomb(100_000, [header('../escaped', 'file')]));
+    const manifest = testManifest(groupId, 'cp-1', layer, image.imageId);
+    await store.putManifest(manifest);
+    tar.clear();
+
+    const { result, gapMs, beats } = await longestHeartbeatGap(() => restoreOnAgent(groupId, manifest));
+
+    expect(result).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_path_invalid' });
+    expect(isLayerRefusal(result.reason)).toBe(true);
+    expect(result.message).toContain('path_traversal');
+    expect(result.message).toContain('../escaped');
+    expect(result.message).toContain('member m1');
+    // Nothing was written: no container (so no upper dir), no staging dir, GNU tar never extracted.
+    expect(await new DockerRuntime(host!.docker).listMembers(groupId)).toEqual([]);
+    expect(stagingDirs(host!.dataRoot)).toEqual([]);
+    expect(tar.extractions()).toEqual([]);
+    // Never more than one heartbeat interval late (a beat at most two intervals after the previous).
+    console.log(`[restore-bounds] 100k-entry refusal: longest heartbeat gap ${gapMs.toFixed(0)} ms over ${beats} beats (interval ${HEARTBEAT_MS} ms)`);
+    expect(gapMs).toBeLessThanOrEqual(2 * HEARTBEAT_MS);
+  });
+
+  it('keeps the precise reason for a layer digest that does not match its chunks and for a missing chunk', async () => {
+    const layer = await storeLayerBytes(store, filesLayer([3 * MiB]));
+    const wrongDigest = testManifest('g-digest', 'cp-1', { ...layer, digest: `sha256:${'0'.repeat(64)}` }, image.imageId);
+    await store.putManifest(wrongDigest);
+    const r1 = await restoreOnAgent('g-digest', wrongDigest);
+    expect(r1).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_digest_mismatch' });
+
+    const missing = testManifest('g-missing', 'cp-1', { ...layer, chunks: [...layer.chunks.slice(0, -1), { digest: `sha256:${'1'.repeat(64)}`, size: layer.chunks.at(-1)!.size }] }, image.imageId);
+    await store.putManifest(missing);
+    const r2 = await restoreOnAgent('g-missing', missing);
+    expect(r2).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_chunk_missing' });
+    expect(r2.message).toContain('1111');
+    for (const g of ['g-digest', 'g-missing']) expect(await new DockerRuntime(host!.docker).listMembers(g)).toEqual([]);
+    expect(tar.extractions()).toEqual([]);
+  });
+
+  it('restores a valid layer through both passes', async () => {
+    const groupId = 'g-valid';
+    const layer = await storeLayerBytes(store, filesLayer([2 * MiB, 100, 0]));
+    const manifest = testManifest(groupId, 'cp-1', layer, image.imageId);
+    await store.putManifest(manifest);
+    tar.clear();
+    const r = await restoreOnAgent(groupId, manifest);
+    expect(r).toMatchObject({ outcome: CommandOutcome.OK, reason: '' });
+    expect(tar.extractions()).toHaveLength(1);
+    const [c] = await new DockerRuntime(host!.docker).listMembers(groupId);
+    expect(readdirSync(join(c!.upperDir!, 'data')).sort()).toEqual(['file-0.bin', 'file-1.bin', 'file-2.bin']);
+    expect(stagingDirs(host!.dataRoot)).toEqual([]);
+  });
+});
+
+describe('configured limits and the chunk cache (CheckpointOps on the same engine and store)', () => {
+  const cacheDir = join(scratch, 'cache');
+  const opsWith = (overrides: Partial<HostAgentConfigInput>) => {
+    const config = parseHostAgentConfig({ hostId: HOST, natsUrl: nats!.server.url, imageRef: image.reference, agentSha: TEST_AGENT_SHA, dockerSocket: host!.socketPath, layerCacheDir: cacheDir, layerCacheMaxBytes: 64 * MiB, ...overrides });
+    const runtime = new DockerRuntime(host!.docker);
+    const metrics = new FleetMetrics();
+    const ops = new CheckpointOps({
+      runtime,
+      store,
+      groups: new GroupOps({ runtime, config, imageId: () => image.imageId, nowMs: Date.now }),
+      metrics,
+      hostId: HOST,
+      epoch: () => 1,
+      imageId: () => image.imageId,
+      imageRef: image.reference,
+      bridgeVersion: () => BRIDGE,
+      nowMs: Date.now,
+      workerConnection: { servers: nats!.server.url },
+      layerRestore: layerRestoreSettingsOf(config),
+    });
+    return { ops, metrics };
+  };
+  const refusal = async (p: Promise<unknown>): Promise<CommandError> => {
+    const err = await p.then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    if (!(err instanceof CommandError)) throw new Error(`expected a CommandError, got ${String(err)}`);
+    return err;
+  };
+  const restoreCmd = (groupId: string, manifest: ReturnType<typeof testManifest>) => ({ groupId, manifest: wireManifest(manifest, image.reference) });
+
+  it('an entry bomb one over SANDBOXFLEET_LAYER_MAX_ENTRIES is REFUSED layer_entry_limit before anything is created or extracted', async () => {
+    const { ops } = opsWith({ layerMaxEntries: 20_000 });
+    const layer = await storeLayerBytes(store, entryBomb(20_001));
+    const manifest = testManifest('g-bomb', 'cp-1', layer, image.imageId);
+    await store.putManifest(manifest);
+    tar.clear();
+    const err = await refusal(ops.restore(restoreCmd('g-bomb', manifest), 1));
+    expect(err).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_entry_limit' });
+    expect(err.message).toContain('more than 20000 entries');
+    expect(tar.extractions()).toEqual([]);
+    expect(await new DockerRuntime(host!.docker).listMembers('g-bomb')).toEqual([]);
+    expect(stagingDirs(host!.dataRoot)).toEqual([]);
+    // The same layer within the limit restores (the bound is the configured one, not a constant).
+    const { ops: roomy } = opsWith({ layerMaxEntries: 20_001 });
+    const ok = await roomy.restore(restoreCmd('g-bomb', manifest), 1);
+    expect(ok.verified).toBe(true);
+    expect(tar.extractions()).toHaveLength(1);
+  });
+
+  it('a layer above SANDBOXFLEET_LAYER_MAX_BYTES is REFUSED layer_size_limit (declared size at once, data in the scan)', async () => {
+    const { ops } = opsWith({ layerMaxBytes: MiB });
+    const layer = await storeLayerBytes(store, filesLayer([MiB / 2, MiB / 2 + 1]));
+    const manifest = testManifest('g-size', 'cp-1', layer, image.imageId);
+    await store.putManifest(manifest);
+    tar.clear();
+    const err = await refusal(ops.restore(restoreCmd('g-size', manifest), 1));
+    expect(err).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_size_limit' });
+    expect(err.message).toContain('layer_too_large');
+    const { ops: tiny } = opsWith({ layerMaxBytes: 1000 });
+    const declared = await refusal(tiny.restore(restoreCmd('g-size', manifest), 1));
+    expect(declared).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_size_limit' });
+    expect(tar.extractions()).toEqual([]);
+    expect(await new DockerRuntime(host!.docker).listMembers('g-size')).toEqual([]);
+  });
+
+  it('the extraction pass reads the chunk cache the validation pass filled; a group coming back fetches nothing; a corrupt cached chunk is fetched again', async () => {
+    const layer = await storeLayerBytes(store, filesLayer([4 * MiB, 1000]));
+    const manifest = testManifest('g-cache', 'cp-1', layer, image.imageId);
+    await store.putManifest(manifest);
+    const bytes = async (metrics: FleetMetrics, kind: string): Promise<number> => (await metrics.checkpointBytes.get()).values.find((v) => v.labels.kind === kind)?.value ?? 0;
+
+    const first = opsWith({});
+    expect((await first.ops.restore(restoreCmd('g-cache', manifest), 1)).verified).toBe(true);
+    expect(await bytes(first.metrics, 'restore_fetched')).toBe(layer.size);
+    expect(await bytes(first.metrics, 'restore_cached')).toBe(0);
+
+    // The group returns to this host (a new generation): every chunk comes from the cache.
+    const second = opsWith({});
+    expect((await second.ops.restore(restoreCmd('g-cache', manifest), 2)).verified).toBe(true);
+    expect(await bytes(second.metrics, 'restore_fetched')).toBe(0);
+    expect(await bytes(second.metrics, 'restore_cached')).toBe(layer.size);
+
+    // A cached chunk damaged on disk is never used: it is fetched from the store again.
+    const victim = layer.chunks[0]!.digest.slice(7);
+    writeFileSync(join(cacheDir, 'sha256', victim.slice(0, 2), victim), 'not the chunk');
+    const third = opsWith({});
+    const out = await third.ops.restore(restoreCmd('g-cache', manifest), 3);
+    expect(out.verified).toBe(true);
+    expect(await bytes(third.metrics, 'restore_fetched')).toBe(layer.chunks[0]!.size);
+    const c = (await new DockerRuntime(host!.docker).listMembers('g-cache')).find((m) => m.member?.placementGeneration === 3)!;
+    expect(readdirSync(join(c.upperDir!, 'data')).sort()).toEqual(['file-0.bin', 'file-1.bin']);
+  });
+});

@@ -1,0 +1,138 @@
+// The two restore passes (host-agent/layer/restore.ts) on hostile layers: every refusal comes from
+// the validation pass, carries the wire reason the agent answers (core LAYER_REFUSAL_REASONS via
+// layer/errors.ts restoreFailureOf), is the same on the layer worker thread and inline, and happens
+// before the extraction pass could write anything. Host-level failures map to host-level reasons.
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { pack, type Header } from 'tar-stream';
+import { LAYER_REFUSAL_REASONS, isLayerRefusal, layerLimits, type LayerLimits } from '../../../src/core/layer-rules.ts';
+import { DockerRuntimeError } from '../../../src/docker/errors.ts';
+import { LayerTransferError, restoreFailureOf } from '../../../src/host-agent/layer/errors.ts';
+import { WORKER_PASSES } from '../../../src/host-agent/layer/layer-workers.ts';
+import { INLINE_PASSES, extractLayer, restoreLayer, type ExpectedLayer, type LayerPasses } from '../../../src/host-agent/layer/restore.ts';
+import { ChunkStoreError } from '../../../src/store/chunk-store.ts';
+
+const work = mkdtempSync(join(tmpdir(), 'sf-restore-passes-'));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+type Entry = Partial<Header> & Pick<Header, 'name'> & { data?: string };
+
+/** An archive from tar-stream (an independent writer, so hostile input is not shaped by ours). */
+async function tarOf(entries: Entry[]): Promise<Buffer> {
+  const p = pack();
+  const parts: Buffer[] = [];
+  const done = (async () => {
+    for await (const b of p as AsyncIterable<Uint8Array>) parts.push(Buffer.from(b));
+  })();
+  for (const { data, ...h } of entries) await new Promise<void>((res, rej) => p.entry(h, data ?? '', (err) => (err ? rej(err) : res())));
+  p.finalize();
+  await done;
+  return Buffer.concat(parts);
+}
+
+const expectedOf = (blob: Buffer): ExpectedLayer => ({ digest: `sha256:${createHash('sha256').update(blob).digest('hex')}`, size: blob.length });
+
+/** The wire reason a restore of `blob` is refused with, on `passes`; 'accepted' if it is not. */
+async function refusalOf(passes: LayerPasses, blob: Buffer, limits: LayerLimits = layerLimits(), expected = expectedOf(blob)): Promise<string> {
+  try {
+    await passes.scan([blob], { expected, limits });
+    return 'accepted';
+  } catch (err) {
+    const f = restoreFailureOf(err);
+    expect(f.layerRefusal).toBe(true);
+    return f.reason;
+  }
+}
+
+const many = (n: number): Entry[] => Array.from({ length: n }, (_, i) => ({ name: `f${i}` }));
+
+const CASES: { what: string; entries: Entry[]; limits?: LayerLimits; reason: string }[] = [
+  { what: 'one entry over maxEntries', entries: many(11), limits: layerLimits({ maxEntries: 10 }), reason: 'layer_entry_limit' },
+  { what: 'file data over maxLayerBytes', entries: [{ name: 'a', data: 'x'.repeat(600) }, { name: 'b', data: 'x'.repeat(600) }], limits: layerLimits({ maxLayerBytes: 1000 }), reason: 'layer_size_limit' },
+  { what: 'names over maxNameBytesTotal', entries: many(40), limits: layerLimits({ maxNameBytesTotal: 64 }), reason: 'layer_header_limit' },
+  { what: 'a `..` name', entries: [{ name: 'ok' }, { name: 'a/../../x' }], reason: 'layer_path_invalid' },
+  { what: 'an absolute name', entries: [{ name: '/etc/passwd' }], reason: 'layer_path_invalid' },
+  { what: 'the same path twice', entries: [{ name: 'a' }, { name: 'a' }], reason: 'layer_path_invalid' },
+  { what: 'a symlink out of the root', entries: [{ name: 'l', type: 'symlink', linkname: '../../../etc' }], reason: 'layer_link_invalid' },
+  { what: 'a path through a symlink', entries: [{ name: 'l', type: 'symlink', linkname: 'd' }, { name: 'l/x' }], reason: 'layer_link_invalid' },
+  { what: 'a hard link to nothing earlier', entries: [{ name: 'h', type: 'link', linkname: 'missing' }], reason: 'layer_link_invalid' },
+  { what: 'a fifo', entries: [{ name: 'p', type: 'fifo' }], reason: 'layer_type_invalid' },
+  { what: 'a block device', entries: [{ name: 'b', type: 'block-device', devmajor: 8, devminor: 0 }], reason: 'layer_type_invalid' },
+  { what: 'an overlay xattr', entries: [{ name: 'd', type: 'directory', pax: { 'SCHILY.xattr.trusted.overlay.redirect': '/x' } }], reason: 'layer_xattr_invalid' },
+];
+
+describe('validation pass refusals carry their wire reason, on the worker and inline alike', () => {
+  for (const c of CASES) {
+    it(`${c.what} → ${c.reason}`, async () => {
+      const blob = await tarOf(c.entries);
+      expect(await refusalOf(WORKER_PASSES, blob, c.limits)).toBe(c.reason);
+      expect(await refusalOf(INLINE_PASSES, blob, c.limits)).toBe(c.reason);
+    });
+  }
+
+  it('corrupt bytes, wrong digest, wrong size and a declared size beyond the limits', async () => {
+    const blob = await tarOf([{ name: 'a', data: 'hello' }]);
+    const garbage = Buffer.from(blob);
+    garbage.write('XXXX', 0);
+    for (const passes of [WORKER_PASSES, INLINE_PASSES]) {
+      expect(await refusalOf(passes, garbage)).toBe('layer_malformed');
+      expect(await refusalOf(passes, blob, layerLimits(), { ...expectedOf(blob), digest: `sha256:${'0'.repeat(64)}` })).toBe('layer_digest_mismatch');
+      expect(await refusalOf(passes, blob, layerLimits(), { ...expectedOf(blob), size: blob.length + 1 })).toBe('layer_size_mismatch');
+      // Declared far beyond what 100 bytes of data can take: refused before a byte is read.
+      expect(await refusalOf(passes, blob, layerLimits({ maxLayerBytes: 100 }), { ...expectedOf(blob), size: 2 * 1024 * 1024 })).toBe('layer_size_limit');
+    }
+    expect(await refusalOf(WORKER_PASSES, blob)).toBe('accepted');
+  });
+
+  it('every core rule reason maps to a layer_* wire reason, and the list names them all', () => {
+    for (const r of LAYER_REFUSAL_REASONS) expect(isLayerRefusal(r) && r.startsWith('layer_')).toBe(true);
+    for (const r of ['transfer_failed', 'disk_full', 'restore_failed', 'checkpoint_corrupt', 'extract_failed']) expect(isLayerRefusal(r)).toBe(false);
+  });
+});
+
+describe('nothing is written before the whole layer passed', () => {
+  it('a layer refused at its LAST entry never reaches the extraction pass, and no staging dir is made (spy passes at the LayerPasses seam)', async () => {
+    const blob = await tarOf([...many(500), { name: '../escaped' }]);
+    let extracted = 0;
+    const spy: LayerPasses = { scan: WORKER_PASSES.scan, extract: (chunks, job) => ((extracted += 1), WORKER_PASSES.extract(chunks, job)) };
+    const parent = join(work, 'refused');
+    mkdirSync(parent);
+    await expect(restoreLayer([blob], expectedOf(blob), join(parent, 'target'), { passes: spy })).rejects.toMatchObject({ reason: 'path_traversal' });
+    expect(extracted).toBe(0);
+    expect(readdirSync(parent)).toEqual([]);
+    expect(existsSync(join(work, 'escaped'))).toBe(false);
+
+    const good = await tarOf(many(500));
+    const restored = await restoreLayer([good], expectedOf(good), join(parent, 'target'), { passes: spy });
+    expect(restored.entries).toBe(500);
+    expect(extracted).toBe(1);
+    expect(readdirSync(parent)).toEqual(['target']);
+    expect(readdirSync(join(parent, 'target'))).toHaveLength(500);
+  });
+
+  it('a full disk during extraction is the host-level disk_full (a GNU tar stand-in that fails like one, at the tarPath seam)', async () => {
+    const fakeTar = join(work, 'tar-disk-full');
+    writeFileSync(fakeTar, "#!/bin/sh\ncat >/dev/null\necho 'tar: data/x: Cannot write: No space left on device' >&2\nexit 2\n");
+    chmodSync(fakeTar, 0o755);
+    const blob = await tarOf([{ name: 'x', data: 'y' }]);
+    const staging = mkdtempSync(join(work, 'staging-'));
+    const err = await extractLayer([blob], { expected: expectedOf(blob), limits: layerLimits(), staging, tarPath: fakeTar }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(LayerTransferError);
+    expect(restoreFailureOf(err)).toMatchObject({ layerRefusal: false, reason: 'disk_full' });
+  });
+
+  it('host-level failures keep host-level reasons', () => {
+    expect(restoreFailureOf(new ChunkStoreError('transfer_failed', 'timeout'))).toMatchObject({ layerRefusal: false, reason: 'transfer_failed' });
+    expect(restoreFailureOf(new ChunkStoreError('chunk_missing', 'gone'))).toMatchObject({ layerRefusal: true, reason: 'layer_chunk_missing' });
+    expect(restoreFailureOf(new ChunkStoreError('chunk_digest_mismatch', 'bad'))).toMatchObject({ layerRefusal: true, reason: 'layer_chunk_digest_mismatch' });
+    expect(restoreFailureOf(new DockerRuntimeError('engine_unavailable', 'down'))).toMatchObject({ layerRefusal: false, reason: 'docker_engine_unavailable' });
+    expect(restoreFailureOf(Object.assign(new Error('write'), { code: 'ENOSPC' }))).toMatchObject({ layerRefusal: false, reason: 'disk_full' });
+    expect(restoreFailureOf(new LayerTransferError('extract_failed', 'tar exited 2'))).toMatchObject({ layerRefusal: false, reason: 'extract_failed' });
+    expect(restoreFailureOf(new LayerTransferError('worker_failed', 'oom'))).toMatchObject({ layerRefusal: false, reason: 'layer_worker_failed' });
+    expect(restoreFailureOf(new LayerTransferError('target_not_empty', 'x'))).toMatchObject({ layerRefusal: false, reason: 'restore_target_not_empty' });
+    expect(restoreFailureOf(new Error('boom'))).toMatchObject({ layerRefusal: false, reason: 'restore_failed' });
+  });
+});
