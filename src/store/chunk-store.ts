@@ -1,14 +1,20 @@
 // Content-addressed chunk store and checkpoint manifest log on plain JetStream streams (R-G3, R-G5).
 // Why not the NATS Object Store API: it writes ~45 MB/s here, while pipelined plain publishes of
-// ~1 MiB messages reach ~200 MB/s (FACTS.md), and the checkpoint path has a time budget.
-// Layout: stream SF_CHUNKS, one message per chunk on `sf.chunk.<sha256hex>` (max 1 per subject, so
-// a digest is stored once: dedup across checkpoints and groups); stream SF_CHECKPOINTS, one
-// manifest per `sf.manifest.<groupId>.<checkpointId>`, written once and LAST: a checkpoint exists
-// only when its manifest does. Reads use direct get and verify every chunk digest (R-R2).
+// ~1 MiB messages reach ~200 MB/s (docs/measured-facts.md), and the checkpoint path has a time budget.
+// Layout: stream SF_CHUNKS, one message per chunk on `sf.chunk.<sha256hex>` (a digest is stored
+// once: dedup across checkpoints and groups); stream SF_CHECKPOINTS, one manifest per
+// `sf.manifest.<host>.<groupId>.<checkpointId>`, written LAST: a checkpoint exists only when its
+// manifest does. Reads use direct get and verify every chunk digest (R-R2).
+// Write-once, enforced by the server: every host may publish on every chunk subject, so both
+// streams refuse a second message on a subject (discard new per subject, one message per subject)
+// whatever the publisher's headers say; no host can replace a chunk or manifest others rely on.
+// Only the control plane's purge (garbage collection) empties a subject, which may then be written
+// again. A chunk already stored counts as ours only if its bytes are ours (compared on write).
 import { createHash } from 'node:crypto';
 import { type NatsConnection } from '@nats-io/transport-node';
 import {
   DiscardPolicy,
+  JetStreamApiCodes,
   JetStreamApiError,
   RetentionPolicy,
   StorageType,
@@ -16,7 +22,6 @@ import {
   jetstreamManager,
   type JetStreamClient,
   type JetStreamManager,
-  type StreamConfig,
 } from '@nats-io/jetstream';
 import {
   MAX_CHUNK_BYTES,
@@ -29,7 +34,7 @@ import {
   type ChunkRef,
 } from '../core/checkpoint-manifest.ts';
 import { CHECKPOINT_STREAMS, hostIdFromToken, manifestSubject } from '../core/agent-subjects.ts';
-import { ensureStream } from './stream-setup.ts';
+import { ensureStream, type DesiredStream } from './stream-setup.ts';
 
 export type ChunkStoreErrorReason =
   | 'chunk_missing'
@@ -71,9 +76,9 @@ export interface ChunkStoreOptions {
 
 const CHUNK_PREFIX = CHECKPOINT_STREAMS.chunkSubjectPrefix;
 const MANIFEST_PREFIX = CHECKPOINT_STREAMS.manifestSubjectPrefix;
-/** JetStream "wrong last sequence": the put-if-absent expectation failed, i.e. already stored. */
-const ERR_WRONG_LAST_SEQUENCE = 10071;
 const ONE_MIB = 1024 * 1024;
+/** Attempts of one chunk put when the subject keeps changing under it (a purge between read and write). */
+const PUT_ATTEMPTS = 3;
 
 export function sha256Digest(data: Uint8Array): string {
   return `sha256:${createHash('sha256').update(data).digest('hex')}`;
@@ -93,8 +98,42 @@ function manifestSubjectOf(hostId: string, groupId: string, checkpointId: string
   }
 }
 
-function isWrongLastSequence(err: unknown): boolean {
-  return err instanceof JetStreamApiError && err.code === ERR_WRONG_LAST_SEQUENCE;
+/** JetStream "store failed": with the message below, the per-subject write-once limit refused a write. */
+const ERR_STREAM_STORE_FAILED = 10077;
+const MAX_PER_SUBJECT = /maximum messages per subject exceeded/i;
+
+/**
+ * The subject already holds a message: the put-if-absent expectation failed (wrong last sequence;
+ * the "constant" form when a clustered stream has another write of that subject in flight), or,
+ * without that header, the stream's one-message-per-subject limit refused the write.
+ */
+function isAlreadyStored(err: unknown): boolean {
+  if (!(err instanceof JetStreamApiError)) return false;
+  if (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown) return true;
+  return err.code === ERR_STREAM_STORE_FAILED && MAX_PER_SUBJECT.test(err.message);
+}
+
+/**
+ * Settings of both checkpoint streams. Write-once: one message per subject and a second one is
+ * REFUSED (discard new, per subject; nats-server 2.10+), not swapped in for the first (discard
+ * old would keep the newest). No rollup headers (a rollup purges the subject). Whole-stream limits
+ * refuse new writes too, never evict a stored checkpoint. Purge stays allowed: garbage collection
+ * removes unreferenced chunks and expired manifests with it (control plane credentials only).
+ */
+function checkpointStreamSettings(replicas: number): Omit<DesiredStream, 'name' | 'subjects'> {
+  return {
+    storage: StorageType.File,
+    retention: RetentionPolicy.Limits,
+    discard: DiscardPolicy.New,
+    discard_new_per_subject: true,
+    max_msgs_per_subject: 1,
+    max_msg_size: ONE_MIB,
+    num_replicas: replicas,
+    allow_rollup_hdrs: false,
+    allow_direct: true,
+    deny_delete: false,
+    deny_purge: false,
+  };
 }
 
 /** A digest function: synchronous here, or on a worker thread (host-agent/layer/sha256-pool.ts). */
@@ -149,18 +188,10 @@ export class ChunkStore {
       }
       return new ChunkStore(js, jsm, chunkStream, manifestStream);
     }
-    const common = {
-      storage: StorageType.File,
-      retention: RetentionPolicy.Limits,
-      discard: DiscardPolicy.Old,
-      max_msgs_per_subject: 1,
-      max_msg_size: ONE_MIB,
-      num_replicas: replicas,
-      allow_direct: true,
-      deny_delete: false,
-      deny_purge: false,
-    } satisfies Partial<StreamConfig>;
-    // Created-or-verified with explicit settings (stream-setup.ts refuses a drifted storage type).
+    const common = checkpointStreamSettings(replicas);
+    // Created-or-verified with explicit settings: stream-setup.ts refuses a drifted storage type and
+    // updates drifted limits, so streams made by an older build (discard old: a second message
+    // replaced the first) become write-once at the control plane's next start.
     await ensureStream(jsm, { ...common, name: chunkStream, subjects: [`${CHUNK_PREFIX}*`] });
     await ensureStream(jsm, { ...common, name: manifestStream, subjects: [`${MANIFEST_PREFIX}*.*.*`] });
     return new ChunkStore(js, jsm, chunkStream, manifestStream);
@@ -174,22 +205,40 @@ export class ChunkStore {
   }
 
   /**
-   * Store one chunk unless present. Put-if-absent is atomic on the server (expected last subject
-   * sequence 0), so two writers racing on the same digest both succeed and one copy is kept.
+   * Store one chunk unless present. The stored copy is read first: bytes equal to `data` are this
+   * very chunk (dedup, nothing uploaded); other bytes under its digest were planted or damaged, and
+   * since chunks are write-once this checkpoint cannot use the digest: chunk_digest_mismatch, rather
+   * than a manifest that could never be restored. The write itself is put-if-absent on the server
+   * (expected last subject sequence 0, and the stream's one-message-per-subject limit), so two
+   * writers racing on the same digest both succeed and one copy is kept.
    */
   async put(data: Uint8Array, ref: ChunkRef = { digest: sha256Digest(data), size: data.length }): Promise<PutResult> {
     if (data.length > MAX_CHUNK_BYTES) throw new ChunkStoreError('chunk_too_large', `chunk of ${data.length} bytes exceeds ${MAX_CHUNK_BYTES}`);
     const subject = chunkSubject(ref.digest);
-    if (await this.has(ref.digest)) return { ref, stored: false };
-    try {
-      // No Nats-Msg-Id on purpose: within the duplicate window the server would silently drop a
-      // re-put of a chunk that garbage collection just deleted. Put-if-absent is enough.
-      await this.js.publish(subject, data, { expect: { lastSubjectSequence: 0 } });
-      return { ref, stored: true };
-    } catch (err) {
-      if (isWrongLastSequence(err)) return { ref, stored: false };
-      throw err;
+    for (let attempt = 0; attempt < PUT_ATTEMPTS; attempt++) {
+      if (await this.#holdsSame(subject, ref.digest, data)) return { ref, stored: false };
+      try {
+        // No Nats-Msg-Id on purpose: within the duplicate window the server would silently drop a
+        // re-put of a chunk that garbage collection just deleted. Put-if-absent is enough.
+        await this.js.publish(subject, data, { expect: { lastSubjectSequence: 0 } });
+        return { ref, stored: true };
+      } catch (err) {
+        // Someone stored it between our read and our write: compare what they stored.
+        if (!isAlreadyStored(err)) throw err;
+      }
     }
+    throw new ChunkStoreError('transfer_failed', `chunk ${ref.digest}: the store reports it present but it could not be read back`);
+  }
+
+  /** Whether `subject` holds exactly `data`; false when empty; chunk_digest_mismatch when it holds other bytes. */
+  async #holdsSame(subject: string, digest: string, data: Uint8Array): Promise<boolean> {
+    const msg = await this.jsm.direct.getMessage(this.chunkStream, { last_by_subj: subject });
+    if (msg === null) return false;
+    if (Buffer.from(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength).equals(Buffer.from(data.buffer, data.byteOffset, data.byteLength))) return true;
+    throw new ChunkStoreError(
+      'chunk_digest_mismatch',
+      `chunk ${digest} is already stored with other bytes (planted or damaged); chunks are write-once, so this digest cannot be stored until garbage collection removes that copy`,
+    );
   }
 
   /** Fetch one chunk and verify its size and digest. */
@@ -226,7 +275,7 @@ export class ChunkStore {
     }
   }
 
-  /** Remove a chunk (garbage collection of unreferenced digests, R-G7). */
+  /** Remove a chunk (garbage collection of unreferenced digests, R-G7); its digest may then be stored again. */
   async delete(digest: string): Promise<void> {
     await this.jsm.streams.purge(this.chunkStream, { filter: chunkSubject(digest) });
   }
@@ -240,14 +289,15 @@ export class ChunkStore {
 
   /**
    * Write a manifest once, under the host that wrote it (`manifest.source.hostId`, which per-host
-   * credentials pin to the writer); a second write of the same checkpoint is refused. Call it LAST.
+   * credentials pin to the writer); a second write of the same checkpoint is refused (by the server
+   * too, whatever the writer sends), until retention purges it. Call it LAST.
    */
   async putManifest(manifest: CheckpointManifest): Promise<void> {
     const bytes = serializeCheckpointManifest(manifest);
     try {
       await this.js.publish(manifestSubjectOf(manifest.source.hostId, manifest.groupId, manifest.checkpointId), bytes, { expect: { lastSubjectSequence: 0 } });
     } catch (err) {
-      if (isWrongLastSequence(err)) throw new ChunkStoreError('manifest_exists', `checkpoint ${manifest.groupId}/${manifest.checkpointId} already exists`, { cause: err });
+      if (isAlreadyStored(err)) throw new ChunkStoreError('manifest_exists', `checkpoint ${manifest.groupId}/${manifest.checkpointId} already exists`, { cause: err });
       throw err;
     }
   }

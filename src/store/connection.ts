@@ -1,14 +1,13 @@
-// NATS connection and the StateStore: the one place that declares every KV bucket, the event
-// stream and the checkpoint object bucket with EXPLICIT settings (file storage, replicas,
-// history, value bounds, discard policy) and creates-or-verifies them at startup (SPEC §1
-// "State"; R3 in production, R1 locally). Services get typed repositories from it.
+// NATS connection and the StateStore: the one place that declares every KV bucket and the event
+// stream with EXPLICIT settings (file storage, replicas, history, value bounds, discard policy)
+// and creates-or-verifies them at startup (SPEC §1 "State"; R3 in production, R1 locally).
+// Services get typed repositories from it. Checkpoint data lives in chunk-store.ts's streams.
 import { jetstream, jetstreamManager, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection, NodeConnectionOptions } from '@nats-io/transport-node';
 import { connectCoalescing } from './coalescing-transport.ts';
 import type { z } from 'zod';
 import type { Logger } from '../observability/logger.ts';
-import { CheckpointObjects } from './checkpoint-objects.ts';
 import { StoreConfigMismatchError, translateReadError } from './errors.ts';
 import { DEFAULT_MAX_EVENT_BYTES, EVENTS_SUBJECT_PREFIX, EventLog } from './event-log.ts';
 import { KvRepository } from './kv-repository.ts';
@@ -145,27 +144,11 @@ export const DEFAULT_EVENT_STREAM: EventStreamSpec = {
   duplicateWindowMs: 10 * 60 * 1000,
 };
 
-export interface ObjectBucketSpec {
-  readonly bucket: string;
-  readonly maxObjectBytes: number;
-  /** -1 = bounded only by the server's JetStream file store limit; puts fail when full. */
-  readonly maxBucketBytes: number;
-  readonly chunkBytes: number;
-}
-
-export const DEFAULT_CHECKPOINT_OBJECTS: ObjectBucketSpec = {
-  bucket: 'sf_checkpoint_objects',
-  maxObjectBytes: 64 * MIB,
-  maxBucketBytes: -1,
-  chunkBytes: 128 * KIB,
-};
-
 export interface StateStoreOptions<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS> {
   /** Stream replicas: 1 for a single local server, 3 (or 5) on a production cluster. */
   readonly replicas?: number;
   readonly buckets?: B;
   readonly events?: Partial<EventStreamSpec>;
-  readonly checkpointObjects?: Partial<ObjectBucketSpec>;
   /** JetStream API request timeout; default 5000 ms. */
   readonly timeoutMs?: number;
   readonly logger?: Logger;
@@ -224,34 +207,12 @@ export function eventStreamConfig(spec: EventStreamSpec, replicas: number): Desi
   };
 }
 
-export function objectStreamConfig(spec: ObjectBucketSpec, replicas: number): DesiredStream {
-  return {
-    name: `OBJ_${spec.bucket}`,
-    description: 'Sandbox Fleet checkpoint objects',
-    subjects: [`$O.${spec.bucket}.C.>`, `$O.${spec.bucket}.M.>`],
-    retention: RetentionPolicy.Limits,
-    storage: StorageType.File,
-    num_replicas: replicas,
-    max_bytes: spec.maxBucketBytes,
-    max_age: 0,
-    // Never evict a checkpoint to make room: a full bucket refuses new puts.
-    discard: DiscardPolicy.New,
-    allow_rollup_hdrs: true,
-    // Needed by the object store client for chunk reads; metadata reads go to the leader.
-    allow_direct: true,
-    deny_delete: true,
-    // Object deletion purges the object's chunk subject.
-    deny_purge: false,
-  };
-}
-
-/** Opened buckets, event log and checkpoint objects over one NATS connection. */
+/** Opened buckets and event log over one NATS connection. */
 export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS> {
   readonly nc: NatsConnection;
   readonly js: JetStreamClient;
   readonly jsm: JetStreamManager;
   readonly events: EventLog;
-  readonly checkpointObjects: CheckpointObjects;
   readonly replicas: number;
   readonly #buckets: B;
   /** Per bucket id, its physical buckets in shard order (one when unsharded). */
@@ -262,7 +223,6 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     js: JetStreamClient;
     jsm: JetStreamManager;
     events: EventLog;
-    checkpointObjects: CheckpointObjects;
     replicas: number;
     buckets: B;
     kvs: Map<keyof B, KV[]>;
@@ -271,7 +231,6 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     this.js = init.js;
     this.jsm = init.jsm;
     this.events = init.events;
-    this.checkpointObjects = init.checkpointObjects;
     this.replicas = init.replicas;
     this.#buckets = init.buckets;
     this.#kvs = init.kvs;
@@ -286,7 +245,6 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     if (![1, 3, 5].includes(replicas)) throw new RangeError(`replicas must be 1, 3 or 5, got ${replicas}`);
     const buckets = (opts.buckets ?? DEFAULT_BUCKETS) as B;
     const eventsSpec = { ...DEFAULT_EVENT_STREAM, ...opts.events };
-    const objSpec = { ...DEFAULT_CHECKPOINT_OBJECTS, ...opts.checkpointObjects };
     const timeout = opts.timeoutMs ?? 5000;
     const logger = opts.logger;
 
@@ -294,15 +252,11 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
     const desired: DesiredStream[] = [
       ...Object.values(buckets).flatMap((b) => bucketShards(b).map((shard) => kvStreamConfig(shard, replicas))),
       eventStreamConfig(eventsSpec, replicas),
-      objectStreamConfig(objSpec, replicas),
     ];
     for (const d of desired) {
       if (d.max_msg_size !== undefined && d.max_msg_size > maxPayload) {
         throw new StoreConfigMismatchError(`${d.name}: max message size ${d.max_msg_size} exceeds the server's max_payload ${maxPayload}`);
       }
-    }
-    if (objSpec.chunkBytes > maxPayload - HEADER_SLACK_BYTES) {
-      throw new StoreConfigMismatchError(`object chunk size ${objSpec.chunkBytes} does not fit the server's max_payload ${maxPayload}`);
     }
 
     let js: JetStreamClient;
@@ -337,9 +291,8 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
       kvs.set(id as keyof B, opened);
     }
     const events = new EventLog({ js, jsm, stream: eventsSpec.stream, maxEventBytes: eventsSpec.maxEventBytes });
-    const checkpointObjects = await CheckpointObjects.open({ js, bucket: objSpec.bucket, maxObjectBytes: objSpec.maxObjectBytes, chunkBytes: objSpec.chunkBytes });
-    logger?.info({ replicas, buckets: Object.values(buckets).map((b) => (b.shards === undefined ? b.bucket : `${b.bucket}_0..${b.shards - 1}`)), events: eventsSpec.stream, objects: objSpec.bucket }, 'state store ready');
-    return new StateStore({ nc, js, jsm, events, checkpointObjects, replicas, buckets, kvs });
+    logger?.info({ replicas, buckets: Object.values(buckets).map((b) => (b.shards === undefined ? b.bucket : `${b.bucket}_0..${b.shards - 1}`)), events: eventsSpec.stream }, 'state store ready');
+    return new StateStore({ nc, js, jsm, events, replicas, buckets, kvs });
   }
 
   /** The declared settings of bucket `id`. */

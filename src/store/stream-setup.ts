@@ -1,9 +1,10 @@
-// Create-or-verify for JetStream streams (the storage under KV buckets, the event log and the
-// object store). Client helpers like Kvm.create silently bind to an existing stream whatever its
-// settings; we instead declare every setting explicitly and check the live stream against it, so
-// a bucket created by an older build (or by hand) with, say, memory storage or R1 in production
-// is caught at startup instead of losing data later. Idempotent and safe to race: two control
-// plane replicas may run it at the same time.
+// Create-or-verify for JetStream streams (the storage under KV buckets, the event log, and the
+// checkpoint chunk and manifest streams). Client helpers like Kvm.create silently bind to an
+// existing stream whatever its settings; we instead declare every setting explicitly and check the
+// live stream against it, so a bucket created by an older build (or by hand) with, say, memory
+// storage or R1 in production is caught at startup instead of losing data later, and a limit a
+// newer build tightens (e.g. write-once checkpoint streams) is applied to existing streams.
+// Idempotent and safe to race: two control plane replicas may run it at the same time.
 import { JetStreamApiError, type JetStreamManager, type StreamConfig, type StreamInfo } from '@nats-io/jetstream';
 import type { Logger } from '../observability/logger.ts';
 import { StoreConfigMismatchError, translateReadError } from './errors.ts';
@@ -24,6 +25,8 @@ const MUTABLE = [
   'max_msgs',
   'max_age',
   'discard',
+  // Write-once checkpoint data (chunk-store.ts): a stream made before it refused nothing per subject.
+  'discard_new_per_subject',
   'duplicate_window',
   'allow_rollup_hdrs',
   'allow_direct',

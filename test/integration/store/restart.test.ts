@@ -1,9 +1,11 @@
 // Durability across nats-server restarts (clean stop and SIGKILL) on the same store dir: KV
-// values and revisions, events and objects survive, CAS continues from the stored revisions,
+// values and revisions, events and checkpoint chunks survive, CAS continues from the stored revisions,
 // and an open connection reconnects by itself. Also checks the fsync policy really applied.
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { StateStore } from '../../../src/store/connection.ts';
+import { ChunkStore } from '../../../src/store/chunk-store.ts';
+import type { ChunkRef } from '../../../src/core/checkpoint-manifest.ts';
 import { Unavailable } from '../../../src/core/errors.ts';
 import { CasConflictError, StoreUnavailableError } from '../../../src/store/errors.ts';
 import type { FleetEvent } from '../../../src/store/event-log.ts';
@@ -26,7 +28,7 @@ async function jsConfig(monitorUrl: string): Promise<{ sync_always?: boolean; sy
   return varz.jetstream.config;
 }
 
-async function writeFixture(store: StateStore): Promise<{ revs: Map<string, number>; seqs: number[]; digest: string }> {
+async function writeFixture(store: StateStore): Promise<{ revs: Map<string, number>; seqs: number[]; chunk: ChunkRef }> {
   const repo = store.shardedRepository('groups', Placement);
   const revs = new Map<string, number>();
   for (let i = 0; i < 5; i++) {
@@ -35,19 +37,21 @@ async function writeFixture(store: StateStore): Promise<{ revs: Map<string, numb
   }
   const seqs: number[] = [];
   for (let i = 0; i < 5; i++) seqs.push((await store.events.append(ev(`e${i}`))).seq);
-  const obj = await store.checkpointObjects.put('ckpt/g1', new TextEncoder().encode('layer bytes'));
-  return { revs, seqs, digest: obj.sha256Hex };
+  const { ref } = await (await ChunkStore.open(store.nc)).put(new TextEncoder().encode('layer bytes'));
+  return { revs, seqs, chunk: ref };
 }
 
-async function verifyFixture(store: StateStore, f: { revs: Map<string, number>; seqs: number[]; digest: string }): Promise<void> {
+async function verifyFixture(store: StateStore, f: { revs: Map<string, number>; seqs: number[]; chunk: ChunkRef }): Promise<void> {
   const repo = store.shardedRepository('groups', Placement);
   for (const [key, rev] of f.revs) {
     expect(await repo.get(key)).toEqual({ value: { groupId: key, hostId: 'h2', generation: 2 }, revision: rev });
   }
   const { events } = await store.events.read({ limit: 100 });
   expect(events.map((e) => [e.seq, e.event.id])).toEqual(f.seqs.map((s, i) => [s, `e${i}`]));
-  expect((await store.checkpointObjects.info('ckpt/g1'))?.sha256Hex).toBe(f.digest);
-  expect(new TextDecoder().decode(await store.checkpointObjects.getBytes('ckpt/g1'))).toBe('layer bytes');
+  // The chunk reads back digest-verified, and stays write-once.
+  const chunks = await ChunkStore.open(store.nc);
+  expect(new TextDecoder().decode(await chunks.get(f.chunk))).toBe('layer bytes');
+  expect(await chunks.put(new TextEncoder().encode('layer bytes'))).toEqual({ ref: f.chunk, stored: false });
   // CAS continues from the stored revisions: stale ones are refused, current ones accepted.
   await expect(repo.update('g0', { groupId: 'g0', hostId: 'h3', generation: 3 }, (f.revs.get('g0') as number) - 1)).rejects.toBeInstanceOf(CasConflictError);
   const next = await repo.update('g0', { groupId: 'g0', hostId: 'h3', generation: 3 }, f.revs.get('g0') as number);
@@ -58,7 +62,7 @@ async function verifyFixture(store: StateStore, f: { revs: Map<string, number>; 
 }
 
 describe('restart durability', () => {
-  it('keeps KV values, revisions, events and objects across a clean restart; clients reconnect', async () => {
+  it('keeps KV values, revisions, events and chunks across a clean restart; clients reconnect', async () => {
     nats = await startTestNats();
     expect((await jsConfig(nats.server.monitorUrl as string)).sync_always).toBe(true);
     const nc = await nats.connect('restart-test');

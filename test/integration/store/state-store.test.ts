@@ -3,7 +3,7 @@
 // (mutable), and limits that the server could not honour are refused up front.
 import { DiscardPolicy, RetentionPolicy, StorageType } from '@nats-io/jetstream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { bucketShards, connectNats, DEFAULT_BUCKETS, DEFAULT_CHECKPOINT_OBJECTS, DEFAULT_EVENT_STREAM, StateStore, kvStreamConfig, type KvBucketSpec } from '../../../src/store/connection.ts';
+import { bucketShards, connectNats, DEFAULT_BUCKETS, DEFAULT_EVENT_STREAM, StateStore, kvStreamConfig, type KvBucketSpec } from '../../../src/store/connection.ts';
 import { SHARD_METADATA_KEY } from '../../../src/store/stream-setup.ts';
 import { shardIndex } from '../../../src/store/sharded-kv-repository.ts';
 import { z } from 'zod';
@@ -45,8 +45,6 @@ describe('StateStore.open', () => {
     const ev = (await jsm.streams.info(DEFAULT_EVENT_STREAM.stream)).config;
     expect(ev).toMatchObject({ subjects: ['sf.events.>'], storage: StorageType.File, retention: RetentionPolicy.Limits, discard: DiscardPolicy.Old, deny_delete: true, deny_purge: true });
     expect(ev.duplicate_window).toBe(DEFAULT_EVENT_STREAM.duplicateWindowMs * 1_000_000);
-    const obj = (await jsm.streams.info(`OBJ_${DEFAULT_CHECKPOINT_OBJECTS.bucket}`)).config;
-    expect(obj).toMatchObject({ storage: StorageType.File, discard: DiscardPolicy.New });
     const leader = (await jsm.streams.info(`KV_${DEFAULT_BUCKETS.leadership.bucket}`)).config;
     expect(leader.max_age).toBe(DEFAULT_BUCKETS.leadership.ttlMs * 1_000_000);
   });
