@@ -2,9 +2,6 @@
 // whiteout naming shared by capture and restore (R-G3). Pure: the tar reader in host-agent turns
 // bytes into LayerEntry values and asks a LayerValidator whether each may be written, and what it
 // becomes in overlay form. Every refusal is a LayerRuleError with a stable machine-readable reason.
-// Also the wire reasons a restore refusal of a layer carries in the agent's command result
-// (LAYER_REFUSAL_REASONS): the control plane reads them to tell "this checkpoint's data is bad, no
-// host can restore it" from a failure of one host.
 
 /** Stable refusal reasons; callers map them to LOST reasons / events without parsing messages. */
 export type LayerRefusalReason =
@@ -89,74 +86,6 @@ export function layerLimits(overrides: Partial<LayerLimits> = {}): LayerLimits {
  */
 export function maxLayerStreamBytes(limits: LayerLimits): number {
   return limits.maxLayerBytes * 2 + 1024 * 1024;
-}
-
-// ---- wire reasons of a refused restore ------------------------------------------------------------
-
-/**
- * Why a restore refused a layer itself: its data is hostile, oversized or corrupt, so no other host
- * can restore it either (the control plane must not retry elsewhere). Every one starts with
- * `layer_`. The agent's message says more (the rule, the member, the entry).
- */
-export const LAYER_REFUSAL_REASONS = [
-  /** More entries than the agent's `maxEntries`. */
-  'layer_entry_limit',
-  /** Entry data above `maxLayerBytes`, or a declared layer size above what such a layer can be. */
-  'layer_size_limit',
-  /** A name, path depth, link target, PAX header, xattr count, or all names together above the limits. */
-  'layer_header_limit',
-  /** `..`, an absolute or empty name, a duplicate path, or a path below a non-directory. */
-  'layer_path_invalid',
-  /** A symlink leaving the root, a hard link not to an earlier file of the layer, a path through a symlink. */
-  'layer_link_invalid',
-  /** A device node or fifo that is not a whiteout, an unknown entry type, a malformed whiteout. */
-  'layer_type_invalid',
-  /** A `trusted.overlay.*` xattr (it steers overlayfs itself). */
-  'layer_xattr_invalid',
-  /** Not a well-formed tar (checksum, numbers, truncation, data after the end). */
-  'layer_malformed',
-  /** The layer's bytes do not hash to the manifest's layer digest. */
-  'layer_digest_mismatch',
-  /** The layer has more or fewer bytes than the manifest says. */
-  'layer_size_mismatch',
-  /** A chunk the manifest names is not in the chunk store. */
-  'layer_chunk_missing',
-  /** A chunk from the store does not hash to the digest it is stored under. */
-  'layer_chunk_digest_mismatch',
-] as const;
-
-export type LayerRefusal = (typeof LAYER_REFUSAL_REASONS)[number];
-
-const LAYER_REFUSAL_SET: ReadonlySet<string> = new Set(LAYER_REFUSAL_REASONS);
-
-/** True for a restore result reason that blames the layer's data, not the host (see above). */
-export function isLayerRefusal(reason: string): reason is LayerRefusal {
-  return LAYER_REFUSAL_SET.has(reason);
-}
-
-const REFUSAL_OF_RULE: Readonly<Record<LayerRefusalReason, LayerRefusal>> = {
-  too_many_entries: 'layer_entry_limit',
-  layer_too_large: 'layer_size_limit',
-  name_too_long: 'layer_header_limit',
-  names_too_large: 'layer_header_limit',
-  pax_header_too_large: 'layer_header_limit',
-  too_many_xattrs: 'layer_header_limit',
-  path_traversal: 'layer_path_invalid',
-  absolute_path: 'layer_path_invalid',
-  invalid_name: 'layer_path_invalid',
-  duplicate_entry: 'layer_path_invalid',
-  parent_not_directory: 'layer_path_invalid',
-  link_escape: 'layer_link_invalid',
-  device_node: 'layer_type_invalid',
-  unsupported_entry_type: 'layer_type_invalid',
-  invalid_whiteout: 'layer_type_invalid',
-  forbidden_xattr: 'layer_xattr_invalid',
-  malformed_tar: 'layer_malformed',
-};
-
-/** The wire reason of a refused entry rule. */
-export function layerRefusalOf(rule: LayerRefusalReason): LayerRefusal {
-  return REFUSAL_OF_RULE[rule];
 }
 
 // ---- OCI whiteouts -------------------------------------------------------------------------------

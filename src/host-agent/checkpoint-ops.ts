@@ -10,8 +10,8 @@
 // limits, on a worker thread, nothing written but the host's chunk cache) before any container is
 // created; only then recreate each member from the same image id with its layer extracted into the
 // new container's upper dir BEFORE any start, and prove the native session files (cold-start check).
-// Anything less removes what was created and reports why: a refused layer is REFUSED with a
-// `layer_*` reason (core LAYER_REFUSAL_REASONS: no host can restore it), a failure of this host is
+// Anything less removes what was created and reports why: a refused layer is REFUSED with its data
+// reason (wire/agent-protocol.ts LayerDataReason: no host can restore it), a failure of this host is
 // FAILED with its own reason (layer/errors.ts restoreFailureOf).
 import { decideStopCleanliness } from '../core/clean-stop.ts';
 import {

@@ -1,11 +1,13 @@
 // Typed failures of moving a writable layer (R-G3, R-G5) that are not tar-rule refusals (those are
 // LayerRuleError from core/layer-rules.ts). `reason` is stable and machine-readable.
 // restoreFailureOf() is the one place that turns any restore failure into the reason and message of
-// the agent's command result: a refusal of the layer itself (core LAYER_REFUSAL_REASONS, `layer_*`:
-// no host can restore it) or a failure of this host (store unreachable, disk full, engine down).
-import { LayerRuleError, layerRefusalOf, type LayerRefusal } from '../../core/layer-rules.ts';
-import { DockerRuntimeError } from '../../docker/errors.ts';
+// the agent's command result: a refusal of the layer's data (wire/agent-protocol.ts LayerDataReason:
+// no host can restore it, the control plane ends the group at once) or a failure of this host
+// (store unreachable, disk full, engine down: another host may succeed).
+import { LayerRuleError, type LayerRefusalReason } from '../../core/layer-rules.ts';
+import { DockerRuntimeError, type DockerErrorReason } from '../../docker/errors.ts';
 import { ChunkStoreError } from '../../store/chunk-store.ts';
+import type { AgentRefusalReason, LayerDataReason } from '../../wire/agent-protocol.ts';
 
 export type LayerTransferReason =
   /** GNU tar failed to read the upper dir (missing dir, file vanished, I/O error). */
@@ -36,22 +38,48 @@ export class LayerTransferError extends Error {
   }
 }
 
+/** The data reason of each tar-entry rule (the rule itself goes into the message). */
+const DATA_REASON_OF_RULE: Readonly<Record<LayerRefusalReason, LayerDataReason>> = {
+  too_many_entries: 'layer_entry_limit',
+  layer_too_large: 'layer_size_limit',
+  name_too_long: 'layer_name_limit',
+  names_too_large: 'layer_name_limit',
+  path_traversal: 'layer_path_invalid',
+  absolute_path: 'layer_path_invalid',
+  invalid_name: 'layer_path_invalid',
+  duplicate_entry: 'layer_path_invalid',
+  parent_not_directory: 'layer_path_invalid',
+  link_escape: 'layer_link_escape',
+  device_node: 'layer_device_node',
+  forbidden_xattr: 'layer_xattr_refused',
+  malformed_tar: 'layer_header_invalid',
+  pax_header_too_large: 'layer_header_invalid',
+  too_many_xattrs: 'layer_header_invalid',
+  unsupported_entry_type: 'layer_header_invalid',
+  invalid_whiteout: 'layer_header_invalid',
+};
+
+export function layerDataReasonOf(rule: LayerRefusalReason): LayerDataReason {
+  return DATA_REASON_OF_RULE[rule];
+}
+
 /** A restore failure as the command result carries it. */
 export type RestoreFailure =
-  | { readonly layerRefusal: true; readonly reason: LayerRefusal; readonly message: string }
-  | { readonly layerRefusal: false; readonly reason: string; readonly message: string };
+  | { readonly layerRefusal: true; readonly reason: LayerDataReason; readonly message: string }
+  | { readonly layerRefusal: false; readonly reason: AgentRefusalReason | `docker_${DockerErrorReason}`; readonly message: string };
 
 /**
- * Host-level reasons a restore can fail with (the same checkpoint may restore on another host):
- * `transfer_failed` (chunk store unreachable or timing out), `disk_full`, `extract_failed` (GNU tar
- * failed otherwise), `restore_target_not_empty`, `layer_worker_failed`, `docker_<reason>` (engine:
- * docker_engine_unavailable, docker_timeout, ...), `restore_failed` (anything else).
+ * Classify a restore failure. Host-level reasons (the same checkpoint may restore on another
+ * host): `transfer_failed` (chunk store unreachable or timing out), `disk_full`, `extract_failed`
+ * (GNU tar failed otherwise), `restore_target_in_use` (the new container's upper dir is not empty),
+ * `docker_<reason>` (engine: docker_engine_unavailable, docker_timeout, ...), `restore_failed`
+ * (anything else, e.g. the layer worker died).
  */
 export function restoreFailureOf(err: unknown): RestoreFailure {
   const message = err instanceof Error ? err.message : String(err);
   if (err instanceof LayerRuleError) {
     const at = err.entryPath !== undefined && err.entryPath !== '' ? ` (entry ${JSON.stringify(err.entryPath.slice(0, 256))})` : '';
-    return { layerRefusal: true, reason: layerRefusalOf(err.reason), message: `${err.reason}: ${message}${at}` };
+    return { layerRefusal: true, reason: layerDataReasonOf(err.reason), message: `${err.reason}: ${message}${at}` };
   }
   if (err instanceof LayerTransferError) {
     switch (err.reason) {
@@ -59,19 +87,16 @@ export function restoreFailureOf(err: unknown): RestoreFailure {
       case 'layer_size_mismatch':
         return { layerRefusal: true, reason: err.reason, message };
       case 'target_not_empty':
-        return { layerRefusal: false, reason: 'restore_target_not_empty', message };
-      case 'worker_failed':
-        return { layerRefusal: false, reason: 'layer_worker_failed', message };
+        return { layerRefusal: false, reason: 'restore_target_in_use', message };
       case 'disk_full':
       case 'extract_failed':
         return { layerRefusal: false, reason: err.reason, message };
       default:
-        return { layerRefusal: false, reason: 'restore_failed', message };
+        return { layerRefusal: false, reason: 'restore_failed', message: `${err.reason}: ${message}` };
     }
   }
   if (err instanceof ChunkStoreError) {
-    if (err.reason === 'chunk_missing') return { layerRefusal: true, reason: 'layer_chunk_missing', message };
-    if (err.reason === 'chunk_digest_mismatch') return { layerRefusal: true, reason: 'layer_chunk_digest_mismatch', message };
+    if (err.reason === 'chunk_missing' || err.reason === 'chunk_digest_mismatch') return { layerRefusal: true, reason: err.reason, message };
     if (err.reason === 'transfer_failed') return { layerRefusal: false, reason: 'transfer_failed', message };
     return { layerRefusal: false, reason: 'restore_failed', message };
   }

@@ -11,7 +11,6 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { isLayerRefusal } from '../../../src/core/layer-rules.ts';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
 import { CommandOutcome, Heartbeat } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { CheckpointOps } from '../../../src/host-agent/checkpoint-ops.ts';
@@ -21,6 +20,7 @@ import { GroupOps } from '../../../src/host-agent/group-ops.ts';
 import { FleetMetrics } from '../../../src/observability/metrics.ts';
 import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { AgentSubjects } from '../../../src/core/agent-subjects.ts';
+import { restoreFaultScope } from '../../../src/wire/agent-protocol.ts';
 import { Collector, TEST_AGENT_SHA, registrationResponder, sendCommand, startAgent, type InProcessAgent } from '../../support/agent.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
@@ -91,7 +91,7 @@ describe('the host agent refuses a hostile layer before extracting anything', ()
     const { result, gapMs, beats } = await longestHeartbeatGap(() => restoreOnAgent(groupId, manifest));
 
     expect(result).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_path_invalid' });
-    expect(isLayerRefusal(result.reason)).toBe(true);
+    expect(restoreFaultScope(result.reason)).toBe('checkpoint'); // the control plane ends the group, no retry elsewhere
     expect(result.message).toContain('path_traversal');
     expect(result.message).toContain('../escaped');
     expect(result.message).toContain('member m1');
@@ -114,7 +114,7 @@ describe('the host agent refuses a hostile layer before extracting anything', ()
     const missing = testManifest('g-missing', 'cp-1', { ...layer, chunks: [...layer.chunks.slice(0, -1), { digest: `sha256:${'1'.repeat(64)}`, size: layer.chunks.at(-1)!.size }] }, image.imageId);
     await store.putManifest(missing);
     const r2 = await restoreOnAgent('g-missing', missing);
-    expect(r2).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_chunk_missing' });
+    expect(r2).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'chunk_missing' });
     expect(r2.message).toContain('1111');
     for (const g of ['g-digest', 'g-missing']) expect(await new DockerRuntime(host!.docker).listMembers(g)).toEqual([]);
     expect(tar.extractions()).toEqual([]);

@@ -1,19 +1,21 @@
 // The two restore passes (host-agent/layer/restore.ts) on hostile layers: every refusal comes from
-// the validation pass, carries the wire reason the agent answers (core LAYER_REFUSAL_REASONS via
-// layer/errors.ts restoreFailureOf), is the same on the layer worker thread and inline, and happens
-// before the extraction pass could write anything. Host-level failures map to host-level reasons.
+// the validation pass, carries the data reason the agent answers (wire/agent-protocol.ts
+// LayerDataReason, via layer/errors.ts restoreFailureOf) that the control plane reads as "the
+// checkpoint's fault", is the same on the layer worker thread and inline, and happens before the
+// extraction pass could write anything. Host-level failures map to host-level reasons.
 import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { pack, type Header } from 'tar-stream';
-import { LAYER_REFUSAL_REASONS, isLayerRefusal, layerLimits, type LayerLimits } from '../../../src/core/layer-rules.ts';
+import { layerLimits, type LayerLimits, type LayerRefusalReason } from '../../../src/core/layer-rules.ts';
 import { DockerRuntimeError } from '../../../src/docker/errors.ts';
-import { LayerTransferError, restoreFailureOf } from '../../../src/host-agent/layer/errors.ts';
+import { LayerTransferError, layerDataReasonOf, restoreFailureOf } from '../../../src/host-agent/layer/errors.ts';
 import { WORKER_PASSES } from '../../../src/host-agent/layer/layer-workers.ts';
 import { INLINE_PASSES, extractLayer, restoreLayer, type ExpectedLayer, type LayerPasses } from '../../../src/host-agent/layer/restore.ts';
 import { ChunkStoreError } from '../../../src/store/chunk-store.ts';
+import { AGENT_REFUSAL_REASONS, LAYER_DATA_REASONS, restoreFaultScope } from '../../../src/wire/agent-protocol.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'sf-restore-passes-'));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -43,6 +45,7 @@ async function refusalOf(passes: LayerPasses, blob: Buffer, limits: LayerLimits 
   } catch (err) {
     const f = restoreFailureOf(err);
     expect(f.layerRefusal).toBe(true);
+    expect(restoreFaultScope(f.reason)).toBe('checkpoint'); // the control plane will not retry it elsewhere
     return f.reason;
   }
 }
@@ -52,16 +55,16 @@ const many = (n: number): Entry[] => Array.from({ length: n }, (_, i) => ({ name
 const CASES: { what: string; entries: Entry[]; limits?: LayerLimits; reason: string }[] = [
   { what: 'one entry over maxEntries', entries: many(11), limits: layerLimits({ maxEntries: 10 }), reason: 'layer_entry_limit' },
   { what: 'file data over maxLayerBytes', entries: [{ name: 'a', data: 'x'.repeat(600) }, { name: 'b', data: 'x'.repeat(600) }], limits: layerLimits({ maxLayerBytes: 1000 }), reason: 'layer_size_limit' },
-  { what: 'names over maxNameBytesTotal', entries: many(40), limits: layerLimits({ maxNameBytesTotal: 64 }), reason: 'layer_header_limit' },
+  { what: 'names over maxNameBytesTotal', entries: many(40), limits: layerLimits({ maxNameBytesTotal: 64 }), reason: 'layer_name_limit' },
   { what: 'a `..` name', entries: [{ name: 'ok' }, { name: 'a/../../x' }], reason: 'layer_path_invalid' },
   { what: 'an absolute name', entries: [{ name: '/etc/passwd' }], reason: 'layer_path_invalid' },
   { what: 'the same path twice', entries: [{ name: 'a' }, { name: 'a' }], reason: 'layer_path_invalid' },
-  { what: 'a symlink out of the root', entries: [{ name: 'l', type: 'symlink', linkname: '../../../etc' }], reason: 'layer_link_invalid' },
-  { what: 'a path through a symlink', entries: [{ name: 'l', type: 'symlink', linkname: 'd' }, { name: 'l/x' }], reason: 'layer_link_invalid' },
-  { what: 'a hard link to nothing earlier', entries: [{ name: 'h', type: 'link', linkname: 'missing' }], reason: 'layer_link_invalid' },
-  { what: 'a fifo', entries: [{ name: 'p', type: 'fifo' }], reason: 'layer_type_invalid' },
-  { what: 'a block device', entries: [{ name: 'b', type: 'block-device', devmajor: 8, devminor: 0 }], reason: 'layer_type_invalid' },
-  { what: 'an overlay xattr', entries: [{ name: 'd', type: 'directory', pax: { 'SCHILY.xattr.trusted.overlay.redirect': '/x' } }], reason: 'layer_xattr_invalid' },
+  { what: 'a symlink out of the root', entries: [{ name: 'l', type: 'symlink', linkname: '../../../etc' }], reason: 'layer_link_escape' },
+  { what: 'a path through a symlink', entries: [{ name: 'l', type: 'symlink', linkname: 'd' }, { name: 'l/x' }], reason: 'layer_link_escape' },
+  { what: 'a hard link to nothing earlier', entries: [{ name: 'h', type: 'link', linkname: 'missing' }], reason: 'layer_link_escape' },
+  { what: 'a fifo', entries: [{ name: 'p', type: 'fifo' }], reason: 'layer_device_node' },
+  { what: 'a block device', entries: [{ name: 'b', type: 'block-device', devmajor: 8, devminor: 0 }], reason: 'layer_device_node' },
+  { what: 'an overlay xattr', entries: [{ name: 'd', type: 'directory', pax: { 'SCHILY.xattr.trusted.overlay.redirect': '/x' } }], reason: 'layer_xattr_refused' },
 ];
 
 describe('validation pass refusals carry their wire reason, on the worker and inline alike', () => {
@@ -78,7 +81,7 @@ describe('validation pass refusals carry their wire reason, on the worker and in
     const garbage = Buffer.from(blob);
     garbage.write('XXXX', 0);
     for (const passes of [WORKER_PASSES, INLINE_PASSES]) {
-      expect(await refusalOf(passes, garbage)).toBe('layer_malformed');
+      expect(await refusalOf(passes, garbage)).toBe('layer_header_invalid');
       expect(await refusalOf(passes, blob, layerLimits(), { ...expectedOf(blob), digest: `sha256:${'0'.repeat(64)}` })).toBe('layer_digest_mismatch');
       expect(await refusalOf(passes, blob, layerLimits(), { ...expectedOf(blob), size: blob.length + 1 })).toBe('layer_size_mismatch');
       // Declared far beyond what 100 bytes of data can take: refused before a byte is read.
@@ -87,9 +90,9 @@ describe('validation pass refusals carry their wire reason, on the worker and in
     expect(await refusalOf(WORKER_PASSES, blob)).toBe('accepted');
   });
 
-  it('every core rule reason maps to a layer_* wire reason, and the list names them all', () => {
-    for (const r of LAYER_REFUSAL_REASONS) expect(isLayerRefusal(r) && r.startsWith('layer_')).toBe(true);
-    for (const r of ['transfer_failed', 'disk_full', 'restore_failed', 'checkpoint_corrupt', 'extract_failed']) expect(isLayerRefusal(r)).toBe(false);
+  it('every tar rule maps to a data reason of the protocol', () => {
+    const rules: LayerRefusalReason[] = ['path_traversal', 'absolute_path', 'link_escape', 'device_node', 'too_many_entries', 'layer_too_large', 'name_too_long', 'names_too_large', 'pax_header_too_large', 'too_many_xattrs', 'forbidden_xattr', 'invalid_name', 'invalid_whiteout', 'duplicate_entry', 'parent_not_directory', 'unsupported_entry_type', 'malformed_tar'];
+    for (const r of rules) expect(LAYER_DATA_REASONS).toContain(layerDataReasonOf(r));
   });
 });
 
@@ -124,15 +127,22 @@ describe('nothing is written before the whole layer passed', () => {
     expect(restoreFailureOf(err)).toMatchObject({ layerRefusal: false, reason: 'disk_full' });
   });
 
-  it('host-level failures keep host-level reasons', () => {
-    expect(restoreFailureOf(new ChunkStoreError('transfer_failed', 'timeout'))).toMatchObject({ layerRefusal: false, reason: 'transfer_failed' });
-    expect(restoreFailureOf(new ChunkStoreError('chunk_missing', 'gone'))).toMatchObject({ layerRefusal: true, reason: 'layer_chunk_missing' });
-    expect(restoreFailureOf(new ChunkStoreError('chunk_digest_mismatch', 'bad'))).toMatchObject({ layerRefusal: true, reason: 'layer_chunk_digest_mismatch' });
-    expect(restoreFailureOf(new DockerRuntimeError('engine_unavailable', 'down'))).toMatchObject({ layerRefusal: false, reason: 'docker_engine_unavailable' });
-    expect(restoreFailureOf(Object.assign(new Error('write'), { code: 'ENOSPC' }))).toMatchObject({ layerRefusal: false, reason: 'disk_full' });
-    expect(restoreFailureOf(new LayerTransferError('extract_failed', 'tar exited 2'))).toMatchObject({ layerRefusal: false, reason: 'extract_failed' });
-    expect(restoreFailureOf(new LayerTransferError('worker_failed', 'oom'))).toMatchObject({ layerRefusal: false, reason: 'layer_worker_failed' });
-    expect(restoreFailureOf(new LayerTransferError('target_not_empty', 'x'))).toMatchObject({ layerRefusal: false, reason: 'restore_target_not_empty' });
-    expect(restoreFailureOf(new Error('boom'))).toMatchObject({ layerRefusal: false, reason: 'restore_failed' });
+  it('host-level failures keep host-level reasons, which the control plane retries elsewhere', () => {
+    const host = (err: unknown, reason: string): void => {
+      expect(restoreFailureOf(err)).toMatchObject({ layerRefusal: false, reason });
+      expect(restoreFaultScope(reason)).toBe('host');
+      if (!reason.startsWith('docker_')) expect(AGENT_REFUSAL_REASONS).toContain(reason);
+    };
+    host(new ChunkStoreError('transfer_failed', 'timeout'), 'transfer_failed');
+    host(new DockerRuntimeError('engine_unavailable', 'down'), 'docker_engine_unavailable');
+    host(Object.assign(new Error('write'), { code: 'ENOSPC' }), 'disk_full');
+    host(new LayerTransferError('extract_failed', 'tar exited 2'), 'extract_failed');
+    host(new LayerTransferError('worker_failed', 'oom'), 'restore_failed');
+    host(new LayerTransferError('target_not_empty', 'x'), 'restore_target_in_use');
+    host(new Error('boom'), 'restore_failed');
+    for (const [err, reason] of [[new ChunkStoreError('chunk_missing', 'gone'), 'chunk_missing'], [new ChunkStoreError('chunk_digest_mismatch', 'bad'), 'chunk_digest_mismatch']] as const) {
+      expect(restoreFailureOf(err)).toMatchObject({ layerRefusal: true, reason });
+      expect(restoreFaultScope(reason)).toBe('checkpoint');
+    }
   });
 });
