@@ -11,7 +11,11 @@ const fleet = new RunnerClient({ address: 'control-plane:7443', tls: { ca: pem('
 
 export async function oneTurn(cliStdout: Readable): Promise<void> {
   /* README:start */
-  const { group } = await fleet.openGroup({ conversationId: 'conv-42', members: [{ memberId: 'claude', cli: 'claude-code' }] });
+  const { group, created } = await fleet.openGroup({ conversationId: 'conv-42', members: [{ memberId: 'claude', cli: 'claude-code' }] });
+  // created: conv-42 got a new group, every member starts NEW. A conversation whose group is LOST
+  // throws RunnerError conversation_lost (metadata.lostReason), never an empty group in its place;
+  // OpenGroupRequest.start_anew opens one when the user agrees to start over.
+  if (created) console.log(`conv-42 starts in group ${group!.groupId}`);
   const turn = await fleet.beginTurn({ groupId: group!.groupId, memberId: 'claude' }); // NEW | LIVE | RESTORED, or throws (LOST)
   // run `claude -p … --output-format stream-json --verbose [--resume turn.locator]` in the member container:
   const { evidence } = await driveDetector(cliStdout, createDetector('claude-code', { expectedLocator: turn.locator }));

@@ -1,11 +1,13 @@
 // The local fleet's status (R-I8): one snapshot of hosts, groups and the latest events, read straight
 // from the state store, rendered two ways: the terminal table `npm start` prints, and the web status
-// page it serves (auto-refreshing), so a newcomer can watch a drain move groups host to host.
+// page it serves (auto-refreshing), so a newcomer can watch a drain move groups host to host. The
+// page also lists the latest turn ends recorded in the group records (what each turn end reported
+// and what was decided), the same evidence `sandboxctl turns <group>` shows.
 // Rendering is pure (snapshot in, text out); everything shown is escaped: ids and reasons come from
 // the store.
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { GroupRecord, HeartbeatRecord, HostRecord } from '../../src/control-plane/records.ts';
+import { decodeTurnFlags, type GroupRecord, type HeartbeatRecord, type HostRecord } from '../../src/control-plane/records.ts';
 import type { SequencedEvent } from '../../src/store/event-log.ts';
 
 export interface StatusSnapshot {
@@ -66,6 +68,31 @@ function table(header: readonly string[], rows: readonly (readonly string[])[], 
   return `<table>${head}\n${body}</table>`;
 }
 
+/** How many of the newest turn ends the page lists (each group record keeps its members' last 8). */
+export const STATUS_TURNS = 20;
+
+/** The newest turn ends across every group, newest first: [completed, group/member, turn, context, end, process, observed, outcome]. */
+function turnRows(s: StatusSnapshot): string[][] {
+  const all = s.groups.flatMap((g) => g.members.flatMap((m) => (m.turns ?? []).map((t) => ({ g, m, t }))));
+  const completed = (t: { beganAtMs: number; durationMs: number }): number => t.beganAtMs + t.durationMs;
+  all.sort((a, b) => completed(b.t) - completed(a.t));
+  return all.slice(0, STATUS_TURNS).map(({ g, m, t }) => {
+    const f = decodeTurnFlags(t.flags);
+    const end = [t.kind, f.nativeTurnEnded ? 'ended' : 'not ended', ...(f.nativeTurnEnded ? [f.succeeded ? 'ok' : 'failed'] : [])].join(' ');
+    const process = f.processExited ? `exited ${t.exitCode ?? '?'}${f.exitConfirmed ? '' : ' (unconfirmed)'}` : 'kept';
+    return [
+      new Date(completed(t)).toISOString().slice(11, 23),
+      `${g.groupId}/${m.session.memberId}`,
+      t.turnId,
+      `${t.contextState} (gen ${t.generation})`,
+      end,
+      process,
+      t.observedLocator ?? '-',
+      t.refusal !== undefined ? `refused ${t.refusal}` : t.outcome,
+    ];
+  });
+}
+
 const stateClass = (state: string): string => (['LOST', 'DEAD', 'UNATTESTED'].includes(state) ? 'bad' : ['DRAINING', 'MIGRATING', 'SUSPECT', 'STOPPING'].includes(state) ? 'moving' : '');
 
 /** The web status page: hosts, groups, the latest events; refreshes itself every `refreshS` seconds. */
@@ -74,6 +101,7 @@ export function renderStatusPage(s: StatusSnapshot, refreshS = 2): string {
   const groups = [...s.groups]
     .sort((a, b) => a.groupId.localeCompare(b.groupId))
     .map((g) => [g.groupId, g.conversationId, g.lifecycle.state, g.lifecycle.hostId, String(g.lifecycle.generation), g.members.map((m) => `${m.session.memberId}:${m.session.phase}`).join(' '), g.lifecycle.lostReason ?? '']);
+  const turns = turnRows(s);
   const events = [...s.events].reverse().map(({ seq, event: e }) => [String(seq), new Date(e.timeMs).toISOString().slice(11, 23), `${e.subjectKind}/${e.subjectId}`, e.type, e.toState ?? '', e.reason ?? '']);
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="${refreshS}">
@@ -89,6 +117,9 @@ th { background: #f3f3f3 } tr.bad td { color: #b00020 } tr.moving td { color: #a
 ${table(['host', 'state', 'epoch', 'heartbeat', 'groups', 'attestation'], hosts, (r) => stateClass(r[1] ?? ''))}
 <h2>Groups</h2>
 ${table(['group', 'conversation', 'state', 'host', 'generation', 'members', 'lost reason'], groups, (r) => stateClass(r[2] ?? ''))}
+<h2>Latest turn ends</h2>
+<p class="muted">What each turn end reported and what was decided (<code>sandboxctl turns GROUP</code> has every member's last 8). Compare what was sent with how the turn ended before blaming a checkpoint or a restore.</p>
+${turns.length === 0 ? '<p class="muted">No turn end recorded yet.</p>' : table(['completed (UTC)', 'group/member', 'turn', 'context', 'end', 'process', 'observed session', 'outcome'], turns, (r) => ((r[7] ?? '').startsWith('refused') || r[7] === 'unconfirmed' ? 'bad' : ''))}
 <h2>Latest events</h2>
 ${table(['seq', 'time (UTC)', 'subject', 'type', 'to state', 'reason'], events, (r) => (r[4] === 'LOST' ? 'bad' : ''))}
 </body></html>

@@ -10,13 +10,15 @@ import {
   type Result,
 } from '../core/index.ts';
 import type { ControlPlane } from '../control-plane/control-plane.ts';
-import { hostStateToProto, type AdminEvent, type CheckpointDetail, type GroupStateName, type HostDetail, type HostStateName } from '../control-plane/admin-ops.ts';
+import { hostStateToProto, type AdminEvent, type CheckpointDetail, type GroupStateName, type GroupTurnsDetail, type HostDetail, type HostStateName } from '../control-plane/admin-ops.ts';
 import { manifestToProto } from '../control-plane/checkpoints.ts';
 import { withIdempotency } from '../control-plane/idempotency.ts';
-import { Host, type CheckpointInfo } from '../gen/sandboxfleet/v1/admin.ts';
-import { GroupState, HostState, type Event } from '../gen/sandboxfleet/v1/common.ts';
+import { Host, TurnRecord, type CheckpointInfo, type GroupTurns } from '../gen/sandboxfleet/v1/admin.ts';
+import { GroupState, HostState, TurnEndKind, type Event } from '../gen/sandboxfleet/v1/common.ts';
+import type { TurnEndKindName } from '../core/runner-port.ts';
+import { decodeTurnFlags, type TurnEvidenceRecord } from '../control-plane/records.ts';
 import type { AdminHandlers } from './admin-service.ts';
-import { groupToProto, parseIdempotencyKey } from './mapping.ts';
+import { contextToProto, groupToProto, parseIdempotencyKey } from './mapping.ts';
 
 /** List bounds (admin.proto): page_size defaults to 100, at most 1000. */
 export const DEFAULT_PAGE_SIZE = 100;
@@ -126,6 +128,42 @@ export function checkpointToProto(c: CheckpointDetail): CheckpointInfo {
   };
 }
 
+const END_KIND_TO_PROTO: Readonly<Record<TurnEndKindName, TurnEndKind>> = {
+  result: TurnEndKind.RESULT,
+  turn_completed: TurnEndKind.TURN_COMPLETED,
+  agent_end: TurnEndKind.AGENT_END,
+  settled: TurnEndKind.SETTLED,
+  api_retry: TurnEndKind.API_RETRY,
+  disconnect: TurnEndKind.DISCONNECT,
+  timeout: TurnEndKind.TIMEOUT,
+  cancelled: TurnEndKind.CANCELLED,
+  rejected: TurnEndKind.REJECTED,
+  process_exited: TurnEndKind.PROCESS_EXITED,
+};
+
+export function turnToProto(t: TurnEvidenceRecord): TurnRecord {
+  return TurnRecord.fromPartial({
+    turnId: t.turnId,
+    contextState: contextToProto(t.contextState),
+    placementGeneration: t.generation,
+    beganAtUnixMs: t.beganAtMs,
+    completedAtUnixMs: t.beganAtMs + t.durationMs,
+    endKind: END_KIND_TO_PROTO[t.kind],
+    ...decodeTurnFlags(t.flags),
+    exitCode: t.exitCode,
+    observedLocator: t.observedLocator ?? '',
+    nativeTurnId: t.nativeTurnId ?? '',
+    inputBytes: t.inputBytes,
+    outputBytes: t.outputBytes,
+    outcome: t.outcome,
+    refusal: t.refusal ?? '',
+  });
+}
+
+export function groupTurnsToProto(d: GroupTurnsDetail): GroupTurns {
+  return { members: d.members.map((m) => ({ memberId: m.memberId, turns: m.turns.map(turnToProto) })) };
+}
+
 export function eventToProto(e: AdminEvent): Event {
   const detail: Record<string, string> = {};
   for (const [k, v] of Object.entries(e.event.detail ?? {}).slice(0, 32)) {
@@ -174,7 +212,10 @@ export function createAdminHandlers(plane: Pick<ControlPlane, 'admin' | 'ctx'>):
       return { groups: items.map(groupToProto), nextPageToken: next };
     },
     async getGroup(req) {
-      return { group: groupToProto(await admin.getGroup(must(parseGroupId(req.groupId, 'group_id')))) };
+      const groupId = must(parseGroupId(req.groupId, 'group_id'));
+      if (req.includeTurns !== true) return { group: groupToProto(await admin.getGroup(groupId)) };
+      const detail = await admin.getGroupTurns(groupId);
+      return { group: groupToProto(detail.group), turns: groupTurnsToProto(detail) };
     },
     async migrateGroup(req, ctx) {
       const key = parseIdempotencyKey(req.idempotencyKey);

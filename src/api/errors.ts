@@ -4,7 +4,7 @@
 // differently, a retry policy (retry ABORTED/UNAVAILABLE only) would silently change meaning.
 // Unknown errors become INTERNAL with a generic message: stack traces and internals never leave.
 import * as grpc from '@grpc/grpc-js';
-import { isFleetError, type StatusName } from '../core/errors.ts';
+import { isFleetError, type ApiReason, type StatusName, type StoreWireReason } from '../core/errors.ts';
 import { ErrorDetail, RpcStatus } from '../gen/sandboxfleet/v1/common.ts';
 
 export const ERROR_DETAIL_TYPE_URL = 'type.googleapis.com/sandboxfleet.v1.ErrorDetail';
@@ -27,7 +27,7 @@ export const STATUS_CODES: Readonly<Record<StatusName, grpc.status>> = {
  * errors are recognised by their stable `reason`; a CAS loss that escapes the control plane's own
  * retry loop is ABORTED, which the runner SDK retries with the same idempotency key.
  */
-const STORE_REASON_STATUS: Readonly<Record<string, StatusName>> = {
+const STORE_REASON_STATUS: Readonly<Record<StoreWireReason, StatusName>> = {
   cas_conflict: 'ABORTED',
   store_unavailable: 'UNAVAILABLE',
   record_too_large: 'INVALID_ARGUMENT',
@@ -38,6 +38,7 @@ const STORE_REASON_STATUS: Readonly<Record<string, StatusName>> = {
 /** A status the API raises itself (authorization, cancellation), not from the domain. */
 export class ApiError extends Error {
   readonly code: grpc.status;
+  /** One of core's ApiReason in this codebase (test/unit/proto-reasons.test.ts checks every call). */
   readonly reason: string;
   readonly metadata: Readonly<Record<string, string>>;
   constructor(code: grpc.status, reason: string, message: string, metadata: Record<string, string> = {}) {
@@ -85,13 +86,14 @@ export function toMappedError(error: unknown): MappedError {
     };
   }
   if (hasReason(error)) {
-    const status = STORE_REASON_STATUS[error.reason];
+    const status = (STORE_REASON_STATUS as Readonly<Record<string, StatusName | undefined>>)[error.reason];
     if (status !== undefined) {
       // Store messages name buckets and keys, not secrets; still, keep the text generic per code.
       return { code: STATUS_CODES[status], message: `state store: ${error.reason}`, detail: ErrorDetail.create({ reason: error.reason, metadata: {}, domain: API_DOMAIN }) };
     }
   }
-  return { code: grpc.status.INTERNAL, message: 'internal error', detail: ErrorDetail.create({ reason: 'internal', metadata: {}, domain: API_DOMAIN }) };
+  const internal: ApiReason = 'internal';
+  return { code: grpc.status.INTERNAL, message: 'internal error', detail: ErrorDetail.create({ reason: internal, metadata: {}, domain: API_DOMAIN }) };
 }
 
 /** Encodes the ErrorDetail as google.rpc.Status for the `grpc-status-details-bin` trailer. */

@@ -175,7 +175,7 @@ export function openGroupFromProto(request: OpenGroupRequest): OpenGroupInput {
     seen.add(memberId);
     return { memberId, cli: cliFromProto(m.kind, `members[${i}].kind`) };
   });
-  return { idempotencyKey, conversationId, members: parsed };
+  return { idempotencyKey, conversationId, members: parsed, ...(request.startAnew === true ? { startAnew: true } : {}) };
 }
 
 export function beginTurnFromProto(request: BeginTurnRequest): BeginTurnInput {
@@ -196,6 +196,8 @@ function evidenceFromProto(request: CompleteTurnRequest): TurnEvidenceInput {
     throw invalid('out_of_range', 'evidence.exit_code', `evidence.exit_code must be within ${LIMITS.exitCodeMin}..${LIMITS.exitCodeMax}`);
   }
   const nativeTurnId = boundedText(e.nativeTurnId, 'evidence.native_turn_id', LIMITS.nativeTurnIdMaxLength);
+  const inputBytes = byteCount(e.inputBytes, 'evidence.input_bytes');
+  const outputBytes = byteCount(e.outputBytes, 'evidence.output_bytes');
   const errorMessage = boundedText(e.errorMessage, 'evidence.error_message', LIMITS.errorMessageMaxLength);
   // R-S5: only a native end kind can end a turn; a disconnect claiming "ended" is still not an end.
   const nativeTurnEnded = e.nativeTurnEnded && NATIVE_END_KINDS.has(kind);
@@ -211,7 +213,16 @@ function evidenceFromProto(request: CompleteTurnRequest): TurnEvidenceInput {
     exitCode: e.exitCode,
     nativeTurnId,
     errorMessage,
+    inputBytes,
+    outputBytes,
   };
+}
+
+/** An optional byte count of the evidence: a non-negative safe integer (int64 arrives as a number). */
+function byteCount(raw: number | undefined, field: string): number | undefined {
+  if (raw === undefined) return undefined;
+  if (!Number.isSafeInteger(raw) || raw < 0) throw invalid('out_of_range', field, `${field} must be within 0..${Number.MAX_SAFE_INTEGER}`);
+  return raw;
 }
 
 export function completeTurnFromProto(request: CompleteTurnRequest): CompleteTurnInput {

@@ -1,4 +1,4 @@
-// The `sandboxctl` / `kubectl sandbox` command tree (R-I7, R-H7): hosts, groups, checkpoints,
+// The `sandboxctl` / `kubectl sandbox` command tree (R-I7, R-H7): hosts, groups, turns, checkpoints,
 // drain, remove, migrate, destroy, verify, events; nats-permissions (offline); preflight (a model
 // gateway, not the control plane: R-P3). Each fleet command is one AdminService call (events:
 // one server stream) printed as a table, JSON or YAML. Exit codes: 0 success, 1 a failed call or
@@ -23,8 +23,22 @@ import {
   type AdminServiceClient,
   type Host,
   type HostVerification,
+  type TurnRecord,
 } from '../gen/sandboxfleet/v1/admin.ts';
-import { GroupState, HostState, groupStateFromJSON, groupStateToJSON, hostStateFromJSON, hostStateToJSON, stopOutcomeToJSON, type Event, type Group } from '../gen/sandboxfleet/v1/common.ts';
+import {
+  GroupState,
+  HostState,
+  cliKindToJSON,
+  contextStateToJSON,
+  groupStateFromJSON,
+  groupStateToJSON,
+  hostStateFromJSON,
+  hostStateToJSON,
+  stopOutcomeToJSON,
+  turnEndKindToJSON,
+  type Event,
+  type Group,
+} from '../gen/sandboxfleet/v1/common.ts';
 import { hostPermissions } from '../core/agent-subjects.ts';
 import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
 import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
@@ -119,6 +133,38 @@ function checkpointRows(cps: readonly CheckpointInfo[], now: number): string[][]
     c.unusableReason === '' ? 'yes' : c.unusableReason,
   ]);
 }
+
+/**
+ * One stored turn end per row (`sandboxctl turns`): what was sent (context state, input bytes),
+ * how it ended as the driver reported it (end kind and its confirmations, exit, observed session),
+ * and what the control plane decided (outcome, or the refusal).
+ */
+export function turnRows(turns: readonly TurnRecord[]): string[][] {
+  return turns.map((t) => {
+    const confirmed = [
+      t.nativeTurnEnded ? 'ended' : 'not-ended',
+      ...(t.succeeded ? ['ok'] : t.nativeTurnEnded ? ['failed'] : []),
+      ...(t.cleanupFinished ? [] : ['cleanup-unfinished']),
+      ...(t.transportUsable ? [] : ['transport-unusable']),
+      ...(t.locatorUsable ? [] : ['locator-unusable']),
+    ].join(',');
+    const exit = t.processExited ? `exited ${t.exitCode ?? '?'}${t.exitConfirmed ? '' : ' (unconfirmed)'}` : t.exitConfirmed ? `exit ${t.exitCode ?? '?'}` : 'kept';
+    return [
+      t.turnId,
+      stateName(contextStateToJSON(t.contextState), 'CONTEXT_STATE_'),
+      String(t.placementGeneration),
+      isoTime(t.beganAtUnixMs),
+      age(t.completedAtUnixMs - t.beganAtUnixMs),
+      `${stateName(turnEndKindToJSON(t.endKind), 'TURN_END_KIND_').toLowerCase()} ${confirmed}`,
+      exit,
+      t.observedLocator || '-',
+      t.inputBytes === undefined ? '-' : bytes(t.inputBytes),
+      t.outputBytes === undefined ? '-' : bytes(t.outputBytes),
+      t.refusal === '' ? t.outcome : t.refusal === t.outcome ? `refused ${t.refusal}` : `${t.outcome} (refused ${t.refusal})`,
+    ];
+  });
+}
+const TURN_HEADER = ['TURN', 'CONTEXT', 'GEN', 'BEGAN', 'TOOK', 'END', 'PROCESS', 'OBSERVED', 'IN', 'OUT', 'OUTCOME'];
 
 /** A value printed in full ('-' when empty): R-H7 asks for the exact SHA, and a prefix can hide a mismatch. */
 const exact = (v: string) => (v === '' ? '-' : v);
@@ -240,6 +286,22 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
         pageToken = res.nextPageToken;
       } while (pageToken !== '');
       print(g, ListGroupsResponse.toJSON({ groups, nextPageToken: '' }), () => table(GROUP_HEADER, groupRows(groups)));
+    }));
+
+  program.command('turns')
+    .description("a group's last turn ends per member (the last 8): what each turn end reported and what was decided")
+    .argument('<group>')
+    .addHelpText('after', '\nBefore blaming a checkpoint or a restore for a forgotten conversation, compare what was sent (CONTEXT,\nIN and the saved locator) with how each turn ended (END, PROCESS, OBSERVED, OUTCOME).')
+    .action(async (group: string, _opts: unknown, cmd: Command) => withClient(cmd, async (client, g, t) => {
+      const res = await call(client, client.getGroup, { groupId: group, includeTurns: true }, t);
+      print(g, GetGroupResponse.toJSON(res), () => {
+        const members = res.group?.members ?? [];
+        return (res.turns?.members ?? []).map((m) => {
+          const member = members.find((x) => x.memberId === m.memberId);
+          const title = `member ${m.memberId} (${stateName(cliKindToJSON(member?.kind ?? 0), 'CLI_KIND_').toLowerCase()}), saved locator ${member?.savedLocator || '-'}, ${member?.completedTurns ?? 0} completed turn(s)`;
+          return [title, m.turns.length === 0 ? '  no turn end recorded' : table(TURN_HEADER, turnRows(m.turns))].join('\n');
+        }).join('\n\n') || `group ${group}: no members`;
+      });
     }));
 
   program.command('checkpoints')

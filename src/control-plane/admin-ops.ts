@@ -23,7 +23,7 @@ import { GroupOps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import type { MigrationController } from './migration-controller.ts';
 import { chooseHost, eligibleHosts, type HostCandidate } from './placement.ts';
-import type { CheckpointRecord, Evacuation, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
+import type { CheckpointRecord, Evacuation, GroupRecord, HeartbeatRecord, HostRecord, TurnEvidenceRecord } from './records.ts';
 import type { ProbeResponder } from './reverse-probe.ts';
 import { Keys, type ControlPlaneDeps } from './state.ts';
 
@@ -50,6 +50,12 @@ export interface CheckpointDetail {
   readonly latest: boolean;
   /** Why it could not be used for a migration now, judged without reading blobs; '' if usable. */
   readonly unusableReason: string;
+}
+
+/** A group with each member's last turn ends as stored (oldest first), for `sandboxctl turns`. */
+export interface GroupTurnsDetail {
+  readonly group: GroupView;
+  readonly members: readonly { readonly memberId: string; readonly turns: readonly TurnEvidenceRecord[] }[];
 }
 
 export interface MigrateOutcome {
@@ -192,9 +198,20 @@ export class AdminOps {
   }
 
   async getGroup(groupId: string): Promise<GroupView> {
+    return (await this.getGroupTurns(groupId)).group;
+  }
+
+  /**
+   * The group and its members' stored turn evidence, from one fresh read of the record (the read
+   * model keeps no turn evidence: fleet-state.ts projectGroup).
+   */
+  async getGroupTurns(groupId: string): Promise<GroupTurnsDetail> {
     const g = await this.#ops.get(groupId);
     const host = await this.ctx.hosts.get(g.value.lifecycle.hostId);
-    return groupView(g.value, g.revision, host?.value.lifecycle.epoch ?? 0);
+    return {
+      group: groupView(g.value, g.revision, host?.value.lifecycle.epoch ?? 0),
+      members: g.value.members.map((m) => ({ memberId: m.session.memberId, turns: m.turns ?? [] })),
+    };
   }
 
   /**

@@ -177,8 +177,8 @@ export function hasControllerWork(g: GroupRecord): boolean {
  * model's memory, and no control loop reads it.
  */
 function projectGroup(g: GroupRecord): GroupRecord {
-  if (!g.members.some((m) => m.calls !== undefined)) return g;
-  return { ...g, members: g.members.map(({ calls: _calls, ...m }) => m) };
+  if (!g.members.some((m) => m.calls !== undefined || m.turns !== undefined)) return g;
+  return { ...g, members: g.members.map(({ calls: _calls, turns: _turns, ...m }) => m) };
 }
 
 export interface FleetStateSources {

@@ -6,7 +6,9 @@
 //   the two is safe to retry.
 // - BeginTurn/CompleteTurn (the hot path): the answer rides in the same group-record CAS as the member
 //   change it reports (records.ts TurnCalls, see runner-backend.ts), so a turn pair costs two fsynced
-//   writes instead of four. This file holds the encoding both share.
+//   writes instead of four. This file holds the encoding both share. A begin refused because another
+//   turn is in flight is stored apart (`refusedInFlight`): it must not displace the answer of the
+//   turn in flight, whose retry with its own key still gets that turn.
 import { createHash } from 'node:crypto';
 import {
   Conflict,
@@ -129,9 +131,10 @@ const OLDER_KEYS = 16;
  * kept), or undefined (a new call: run it).
  */
 export function findTurnCall(calls: TurnCalls | undefined, kind: TurnCallKind, key: string, request: string): { readonly outcome: CallOutcome } | { readonly refusal: InvalidArgument } | undefined {
-  const last = calls?.[kind];
-  if (last !== undefined && last.key === key) {
-    return last.request === request ? { outcome: last.outcome } : { refusal: keyReused(kind === 'begin' ? 'beginTurn' : 'completeTurn') };
+  for (const stored of kind === 'begin' ? [calls?.begin, calls?.refusedInFlight] : [calls?.complete]) {
+    if (stored !== undefined && stored.key === key) {
+      return stored.request === request ? { outcome: stored.outcome } : { refusal: keyReused(kind === 'begin' ? 'beginTurn' : 'completeTurn') };
+    }
   }
   if (calls?.older.includes(key)) {
     return { refusal: keyReused(kind === 'begin' ? 'beginTurn' : 'completeTurn', 'idempotency key already used for an earlier turn of this member; its answer is no longer kept') };
@@ -139,9 +142,14 @@ export function findTurnCall(calls: TurnCalls | undefined, kind: TurnCallKind, k
   return undefined;
 }
 
-/** The member's calls after answering `kind` with `outcome`: the previous answer's key becomes "older". */
-export function recordTurnCall(calls: TurnCalls | undefined, kind: TurnCallKind, key: string, request: string, outcome: CallOutcome): TurnCalls {
-  const previous = calls?.[kind]?.key;
+/**
+ * The member's calls after answering `kind` with `outcome`: the previous answer's key becomes
+ * "older". `slot` 'refusedInFlight' stores a begin refused `turn_in_flight` beside the begin answer
+ * instead of over it (the turn in flight keeps its stored answer).
+ */
+export function recordTurnCall(calls: TurnCalls | undefined, kind: TurnCallKind, key: string, request: string, outcome: CallOutcome, slot: 'answer' | 'refusedInFlight' = 'answer'): TurnCalls {
+  const field = slot === 'refusedInFlight' ? 'refusedInFlight' : kind;
+  const previous = calls?.[field]?.key;
   const older = previous === undefined || previous === key ? [...(calls?.older ?? [])] : [...(calls?.older ?? []), previous];
-  return { ...calls, [kind]: { key, request, outcome }, older: older.slice(-OLDER_KEYS) };
+  return { ...calls, [field]: { key, request, outcome }, older: older.slice(-OLDER_KEYS) };
 }

@@ -10,6 +10,7 @@ import {
   CONTEXT_STATES,
   GROUP_STATES,
   HOST_STATES,
+  IDENTITY_REASONS,
   LOSS_REASONS,
   MEMBER_LOSS_REASONS,
   MEMBER_PHASES,
@@ -21,6 +22,7 @@ import {
   type HostLifecycle,
   type MemberSession,
 } from '../core/index.ts';
+import { TURN_END_KIND_NAMES } from '../core/runner-port.ts';
 
 const id = z.string().min(1).max(256);
 const ms = z.number().int().nonnegative();
@@ -158,10 +160,95 @@ export type TurnCall = z.infer<typeof TurnCallSchema>;
 export const TurnCallsSchema = z.object({
   begin: TurnCallSchema.optional(),
   complete: TurnCallSchema.optional(),
+  /**
+   * The last BeginTurn refused because another turn was in flight (`turn_in_flight`): kept apart
+   * from `begin`, so the refusal never displaces the answer of the turn in flight (whose retry with
+   * its own key must still get its turn), and a repeat of the refused call is refused the same way.
+   */
+  refusedInFlight: TurnCallSchema.optional(),
   /** Keys of earlier begin/complete calls whose answers are no longer kept (newest last). */
   older: z.array(digest).max(32),
 });
 export type TurnCalls = z.infer<typeof TurnCallsSchema>;
+
+/** Most turn ends kept per member (newest last). */
+export const TURN_EVIDENCE_MAX = 8;
+/**
+ * Bytes of JSON all members' turn evidence may take in one group record (split evenly, so a
+ * member's list holds fewer than TURN_EVIDENCE_MAX entries only in a big group with long values):
+ * the group record is bounded (64 KiB) and also carries sessions and idempotency answers.
+ */
+export const TURN_EVIDENCE_BYTES_PER_GROUP = 20 * 1024;
+
+/**
+ * The turn-end evidence's booleans as one letter each, in this order, present when true (a stored
+ * turn costs ~300 bytes instead of ~400, so a group of 8 members keeps 8 turns each).
+ */
+export const TURN_EVIDENCE_FLAGS = {
+  nativeTurnEnded: 'e',
+  succeeded: 's',
+  cleanupFinished: 'c',
+  transportUsable: 't',
+  locatorUsable: 'l',
+  processExited: 'x',
+  exitConfirmed: 'k',
+} as const;
+export type TurnEvidenceFlag = keyof typeof TURN_EVIDENCE_FLAGS;
+
+export function encodeTurnFlags(e: Readonly<Record<TurnEvidenceFlag, boolean>>): string {
+  return (Object.keys(TURN_EVIDENCE_FLAGS) as TurnEvidenceFlag[]).filter((k) => e[k]).map((k) => TURN_EVIDENCE_FLAGS[k]).join('');
+}
+
+export function decodeTurnFlags(flags: string): Record<TurnEvidenceFlag, boolean> {
+  const out = {} as Record<TurnEvidenceFlag, boolean>;
+  for (const k of Object.keys(TURN_EVIDENCE_FLAGS) as TurnEvidenceFlag[]) out[k] = flags.includes(TURN_EVIDENCE_FLAGS[k]);
+  return out;
+}
+
+/**
+ * One turn end as recorded by CompleteTurn, in the same compare-and-set as the member change (per-
+ * turn evidence, issue 13): what the runner's driver reported next to what the control plane
+ * decided, for the diagnosis "compare what was sent with how the turn ended before blaming
+ * persistence".
+ */
+export const TurnEvidenceRecordSchema = z.object({
+  turnId: z.string().min(1).max(128),
+  /** What BeginTurn answered. */
+  contextState: z.enum(CONTEXT_STATES).exclude(['LOST']),
+  /** The placement generation the turn ran on. */
+  generation: z.number().int().nonnegative(),
+  beganAtMs: ms,
+  /** From BeginTurn to the recorded CompleteTurn. */
+  durationMs: ms,
+  kind: z.enum(TURN_END_KIND_NAMES),
+  /** TURN_EVIDENCE_FLAGS of the evidence's booleans that were true. */
+  flags: z.string().regex(/^e?s?c?t?l?x?k?$/),
+  exitCode: z.number().int().optional(),
+  observedLocator: z.string().min(1).max(1024).optional(),
+  nativeTurnId: z.string().min(1).max(64).optional(),
+  inputBytes: z.number().int().nonnegative().optional(),
+  outputBytes: z.number().int().nonnegative().optional(),
+  outcome: turnOutcome,
+  /** The reason CompleteTurn was refused with (locator_mismatch, locator_missing, locator_invalid). */
+  refusal: z.enum(IDENTITY_REASONS).optional(),
+});
+export type TurnEvidenceRecord = z.infer<typeof TurnEvidenceRecordSchema>;
+
+/**
+ * The member's turn evidence after recording `entry`: the newest TURN_EVIDENCE_MAX, then the oldest
+ * dropped while the list's JSON is over `budgetBytes` (the newest is always kept; one entry's size is
+ * bounded by its schema).
+ */
+export function appendTurnEvidence(turns: readonly TurnEvidenceRecord[] | undefined, entry: TurnEvidenceRecord, budgetBytes: number): TurnEvidenceRecord[] {
+  const out = [...(turns ?? []), entry].slice(-TURN_EVIDENCE_MAX);
+  while (out.length > 1 && Buffer.byteLength(JSON.stringify(out)) > budgetBytes) out.shift();
+  return out;
+}
+
+/** A member's share of TURN_EVIDENCE_BYTES_PER_GROUP in a group of `members` members. */
+export function turnEvidenceBudget(members: number): number {
+  return Math.floor(TURN_EVIDENCE_BYTES_PER_GROUP / Math.max(1, members));
+}
 
 export const MemberRecordSchema = z.object({
   session: MemberSessionSchema,
@@ -173,6 +260,8 @@ export const MemberRecordSchema = z.object({
   turnProcess: z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) }).optional(),
   /** Turn call idempotency (absent in records written before it existed). */
   calls: TurnCallsSchema.optional(),
+  /** The member's last turn ends, oldest first (bounded: TURN_EVIDENCE_MAX, TURN_EVIDENCE_BYTES_PER_GROUP). */
+  turns: z.array(TurnEvidenceRecordSchema).max(TURN_EVIDENCE_MAX).optional(),
 });
 export type MemberRecord = z.infer<typeof MemberRecordSchema>;
 

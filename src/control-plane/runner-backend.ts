@@ -9,6 +9,12 @@
 //   the stored answer; the same key with another request, or an older key whose answer is no longer
 //   kept, is refused `idempotency_key_reused` — never executed twice. Keys are scoped per member.
 //   Turn ids are still derived from the key, so a retried BeginTurn also replays the turn in flight.
+//   A begin refused `turn_in_flight` is stored beside the begin answer, never over it.
+// - Per-turn evidence (issue 13): CompleteTurn appends what the turn end reported and what was
+//   decided to the member's `turns` (bounded) in that same compare-and-set.
+// - LOST stays loud: a conversation whose group is LOST or DESTROYED is refused `conversation_lost`
+//   at OpenGroup unless the runner asks to start anew; BeginTurn, CompleteTurn and StopGroup on such
+//   a group answer `context_lost` with the group's lost reason.
 // - R-S1 evidence without asking the agent (see liveEvidence): LIVE needs proof that the process
 //   that ran the member's last turn is still the one running. The member record names that process
 //   (container id + container start time, recorded at the turn's end); a heartbeat of the host's
@@ -62,7 +68,7 @@ import { findTurnCall, isFinalRefusal, keyDigest, recordTurnCall, refusalOutcome
 import { chooseHost } from './placement.ts';
 import { groupView } from './views.ts';
 import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
-import type { GroupRecord, HeartbeatRecord, HostRecord, MemberRecord } from './records.ts';
+import { appendTurnEvidence, encodeTurnFlags, turnEvidenceBudget, type GroupRecord, type HeartbeatRecord, type HostRecord, type MemberRecord, type TurnEvidenceRecord } from './records.ts';
 import { Keys, type ControlPlaneDeps } from './state.ts';
 
 export type RunnerBackendDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'groups' | 'hosts' | 'checkpoints' | 'conversations' | 'idempotency' | 'chunks' | 'agents' | 'gcLocks' | 'events' | 'metrics' | 'logger' | 'now' | 'replicaId'>;
@@ -144,6 +150,58 @@ function must<T>(r: { ok: true; value: T } | { ok: false; error: Error }): T {
   return r.value;
 }
 
+/** The members of a group as a comparable set (ids with their CLI kinds; order does not matter). */
+function memberSet(members: readonly { readonly memberId: string; readonly cli: string }[]): string {
+  return members.map((m) => `${m.memberId}:${m.cli}`).sort().join(',');
+}
+
+/** OpenGroup for a live group with other members: refused, members are fixed for a group's life. */
+function requireSameMembers(g: GroupRecord, wanted: readonly { readonly memberId: string; readonly cli: CliKind }[]): void {
+  const have = memberSet(g.members.map((m) => ({ memberId: m.session.memberId, cli: m.session.cli })));
+  if (have !== memberSet(wanted)) {
+    throw new InvalidArgument('member_set_mismatch', `conversation ${g.conversationId} has group ${g.groupId} with members ${have}; members are fixed for a group's life`, { details: { field: 'members', groupId: g.groupId, members: have } });
+  }
+}
+
+/**
+ * A call about a LOST or DESTROYED group (BeginTurn, CompleteTurn, StopGroup): the native state is
+ * gone, so the answer is a refusal that says why, never a normal-looking one.
+ */
+function groupLostRefusal(g: GroupRecord, memberId?: string): IdentityRefused {
+  const state = g.lifecycle.state;
+  const reason = g.lifecycle.lostReason;
+  return new IdentityRefused('context_lost', `group ${g.groupId} is ${state}${reason !== undefined ? ` (${reason})` : ''}`, {
+    details: { groupId: g.groupId, ...(memberId !== undefined ? { memberId } : {}), groupState: state, lostReason: reason },
+  });
+}
+
+/** A safe byte count for the evidence, or undefined (the counts are diagnosis only, never refused here). */
+function byteCount(n: number | undefined): number | undefined {
+  return n !== undefined && Number.isSafeInteger(n) && n >= 0 ? n : undefined;
+}
+
+/** The stored evidence of one turn end: what the driver reported, and what was decided. */
+function turnEvidenceRecord(g: GroupRecord, turnId: string, inFlight: { readonly contextState: 'NEW' | 'LIVE' | 'RESTORED'; readonly startedAtMs: number }, observedLocator: string | undefined, e: TurnEvidenceInput, outcome: CompleteTurnView['outcome'], refusal: FleetError<Reason> | undefined, nowMs: number): TurnEvidenceRecord {
+  const entry: TurnEvidenceRecord = {
+    turnId,
+    contextState: inFlight.contextState,
+    generation: g.lifecycle.generation,
+    beganAtMs: inFlight.startedAtMs,
+    durationMs: Math.max(0, nowMs - inFlight.startedAtMs),
+    kind: e.kind,
+    flags: encodeTurnFlags(e),
+    exitCode: e.exitCode !== undefined && Number.isInteger(e.exitCode) ? e.exitCode : undefined,
+    observedLocator: observedLocator === undefined || observedLocator === '' ? undefined : observedLocator,
+    nativeTurnId: e.nativeTurnId === undefined || e.nativeTurnId === '' ? undefined : e.nativeTurnId.slice(0, 64),
+    inputBytes: byteCount(e.inputBytes),
+    outputBytes: byteCount(e.outputBytes),
+    outcome,
+    refusal: refusal?.reason === 'locator_mismatch' || refusal?.reason === 'locator_missing' || refusal?.reason === 'locator_invalid' ? refusal.reason : undefined,
+  };
+  // Absent, not undefined: the stored JSON and its replay stay the same shape.
+  return Object.fromEntries(Object.entries(entry).filter(([, v]) => v !== undefined)) as TurnEvidenceRecord;
+}
+
 /** Map the runner SDK's turn-end evidence to core's classified end (R-S5, R-S6). */
 export function turnEndFromEvidence(e: TurnEvidenceInput): TurnEnd {
   if (!e.nativeTurnEnded) {
@@ -215,15 +273,28 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     });
     if (new Set(members.map((m) => m.memberId)).size !== members.length) throw new InvalidArgument('malformed', 'duplicate memberId', { details: { field: 'members' } });
 
-    return withIdempotency(this.ctx, 'open', input.idempotencyKey, { conversationId, members }, async () => {
+    const startAnew = input.startAnew === true;
+    // start_anew is part of the request (a key reused without it is another request); absent when
+    // false, so the answers stored before the field existed still match their repeats.
+    return withIdempotency(this.ctx, 'open', input.idempotencyKey, { conversationId, members, ...(startAnew ? { startAnew } : {}) }, async () => {
       const convKey = Keys.conversation(conversationId);
       const conv = await this.ctx.conversations.get(convKey);
       let previous: string | undefined;
       if (conv !== undefined) {
         const existing = await this.ctx.groups.get(conv.value.groupId);
         if (existing !== undefined && !isTerminal(existing.value)) {
+          requireSameMembers(existing.value, members);
           if (existing.value.lifecycle.state === 'PENDING') await this.#finishOpening(existing.value);
           return { group: await this.#viewOf(existing.value.groupId), created: false };
+        }
+        // The conversation's native history is gone (LOST, DESTROYED, or a record that is not
+        // there): say so, and open a new, empty group only when the runner asked for one.
+        if (!startAnew) {
+          const state = existing?.value.lifecycle.state ?? 'absent';
+          const lostReason = existing?.value.lifecycle.lostReason;
+          throw new IdentityRefused('conversation_lost', `conversation ${conversationId}: its group ${conv.value.groupId} is ${state}${lostReason !== undefined ? ` (${lostReason})` : ''}; its native history is gone. OpenGroup with start_anew opens a new, empty group`, {
+            details: { groupId: conv.value.groupId, groupState: state, lostReason },
+          });
         }
         previous = conv.value.groupId;
       }
@@ -245,12 +316,15 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
           updatedAtMs: now,
         };
         try {
-          await this.ctx.groups.create({ record: group, events: [{ type: 'group_created', toState: 'PENDING', reason: 'placed', version: 'created', detail: { hostId: chosen.hostId, conversationId, members: members.length } }] });
+          await this.ctx.groups.create({ record: group, events: [{ type: 'group_created', toState: 'PENDING', reason: previous !== undefined ? 'started_anew' : 'placed', version: 'created', detail: { hostId: chosen.hostId, conversationId, members: members.length, ...(previous !== undefined ? { previousGroupId: previous } : {}) } }] });
         } catch (err) {
           if (!(err instanceof CasConflictError)) throw err;
           group = (await this.#ops.get(groupId)).value;
         }
       }
+      // A concurrent open of the conversation (or a crashed earlier attempt) made this group: it
+      // must be the group asked for.
+      requireSameMembers(group, members);
       await this.#claimConversation(conversationId, groupId, conv?.revision);
       await this.#finishOpening(group);
       return { group: await this.#viewOf(groupId), created: true };
@@ -349,7 +423,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const state = g0.lifecycle.state;
     if (state === 'LOST' || state === 'DESTROYED') {
       this.ctx.metrics.turns.inc({ context_state: 'LOST', cli: member0.session.cli });
-      throw new IdentityRefused('context_lost', `group ${groupId} is ${state}${g0.lifecycle.lostReason ? ` (${g0.lifecycle.lostReason})` : ''}`, { details: { groupId, lostReason: g0.lifecycle.lostReason } });
+      throw groupLostRefusal(g0, memberId);
     }
     if (state === 'MIGRATING' || state === 'STOPPING' || g0.evacuation !== undefined) {
       fresh();
@@ -440,9 +514,12 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     };
     const answer = view(changed);
     const outcome = answer !== undefined ? valueOutcome(answer) : refusalOutcome((o as { error: FleetError<Reason> }).error);
+    // Refused because another turn is in flight: stored beside that turn's answer, never over it
+    // (its retry with its own key must still get the turn).
+    const slot = !o.ok && o.error.reason === 'turn_in_flight' ? 'refusedInFlight' : 'answer';
     const written: GroupRecord = {
       ...g,
-      members: g.members.map((x) => (x.session.memberId !== memberId ? x : { ...changed, calls: recordTurnCall(seen.calls, 'begin', call.key, call.request, outcome) })),
+      members: g.members.map((x) => (x.session.memberId !== memberId ? x : { ...changed, calls: recordTurnCall(seen.calls, 'begin', call.key, call.request, outcome, slot) })),
       updatedAtMs: now,
     };
     await this.#write(g, written, gv.revision);
@@ -515,7 +592,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const call: Call = { key: keyDigest('complete', key), request: requestHash({ groupId, memberId, turnId, observed: input.observedLocator ?? null, end }) };
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, call, attempt === 0);
+        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0);
       } catch (err) {
         this.#groups.drop(groupId);
         if (err instanceof NeedsFreshRead) continue;
@@ -524,7 +601,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
   }
 
-  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, call: Call, useCache: boolean): Promise<CompleteTurnView> {
+  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, evidence: TurnEvidenceInput, call: Call, useCache: boolean): Promise<CompleteTurnView> {
     const { gv, cached } = await this.#load(groupId, useCache);
     const fresh = (): void => {
       if (cached) throw new NeedsFreshRead();
@@ -540,6 +617,12 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
     const before = m.session;
     const o = completeTurn(m.session, { turnId, observedLocator, end, process: m.turnProcess });
+    // A LOST (or DESTROYED) group took its turns with it: say so, with the group's reason, rather
+    // than "no such turn" (a repeat of a turn completed before the loss is still answered below).
+    if (isTerminal(current) && !(o.ok && o.duplicate)) {
+      fresh();
+      throw groupLostRefusal(current, memberId);
+    }
     if (!o.ok) fresh();
     if (!o.ok) throw o.error;
     const view: CompleteTurnView = {
@@ -559,11 +642,21 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     // Every completion is a group turn_completed (R-G4: older checkpoints become stale).
     const lc = transitionGroup(current.lifecycle, { type: 'turn_completed' }, now);
     const outcome = o.refusal !== undefined ? refusalOutcome(o.refusal) : valueOutcome(view);
+    // Not a duplicate, so this very turn was in flight (core checked it).
+    const inFlight = before.inFlight!;
+    const record = turnEvidenceRecord(current, turnId, inFlight, observedLocator, evidence, o.outcome, o.refusal, now);
+    const budget = turnEvidenceBudget(current.members.length);
     const written: GroupRecord = {
       ...current,
       lifecycle: lc.ok ? lc.value : current.lifecycle,
       lastTurnCompletedAtMs: now,
-      members: current.members.map((x) => (x.session.memberId !== memberId ? x : { ...x, session: o.member, turnProcess: undefined, calls: recordTurnCall(x.calls, 'complete', call.key, call.request, outcome) })),
+      members: current.members.map((x) => (x.session.memberId !== memberId ? x : {
+        ...x,
+        session: o.member,
+        turnProcess: undefined,
+        calls: recordTurnCall(x.calls, 'complete', call.key, call.request, outcome),
+        turns: appendTurnEvidence(x.turns, record, budget),
+      })),
       updatedAtMs: now,
     };
     await this.#write(current, written, gv.revision);
@@ -583,6 +676,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     if (!Number.isInteger(grace) || grace < 0 || grace > 600_000) throw new InvalidArgument('out_of_range', 'graceMs must be 0..600000', { details: { field: 'graceMs' } });
     return withIdempotency(this.ctx, 'stop', input.idempotencyKey, { groupId, grace }, async () => {
       const g = await this.#ops.stop(groupId, grace, 'runner stop');
+      // Nothing to stop cleanly or checkpoint: a refusal that says why (not OK with no outcome).
+      if (isTerminal(g)) throw groupLostRefusal(g);
       let checkpointId: string | undefined;
       if (g.lifecycle.state === 'STOPPED' && g.lifecycle.stop?.clean) {
         try {

@@ -3,7 +3,8 @@
 // layer maps each error *category* to one gRPC status in a single table (R-I1). Core only names
 // the status it means (`status`), it does not import gRPC.
 
-import type { LossReason } from './loss.ts';
+import { everyMemberOf } from './exhaustive.ts';
+import { LOSS_REASONS, type LossReason } from './loss.ts';
 
 /** Reasons of bad input (R-R4): the request can never succeed as sent. */
 export type InvalidArgumentReason =
@@ -23,7 +24,11 @@ export type InvalidArgumentReason =
   | 'decompression_ratio'
   | 'invalid_config'
   /** The same idempotency key was sent with a different request (R-I1). */
-  | 'idempotency_key_reused';
+  | 'idempotency_key_reused'
+  /** An exec's client sent more stdin than the server's credit allowed (R-I9). */
+  | 'stdin_over_credit'
+  /** OpenGroup for a conversation whose group has other members (ids or CLI kinds): members are fixed for a group's life. */
+  | 'member_set_mismatch';
 
 /** Reasons a turn is refused because the native session identity cannot be confirmed (R-S1..R-S3, R-S8). */
 export type IdentityReason =
@@ -36,7 +41,12 @@ export type IdentityReason =
   /** A turn is already in flight for this member (R-S8). */
   | 'turn_in_flight'
   /** The member's native state or container integrity cannot be confirmed: context state LOST (R-S1). */
-  | 'context_lost';
+  | 'context_lost'
+  /**
+   * OpenGroup for a conversation whose group is LOST (or was destroyed): its native history is gone,
+   * so a new, empty group is opened only when the runner asks for one (start_anew), never quietly.
+   */
+  | 'conversation_lost';
 
 /** Reasons an operation is refused because the current state does not allow it. */
 export type PreconditionReason =
@@ -45,6 +55,10 @@ export type PreconditionReason =
   | 'checkpoint_not_usable'
   | 'host_not_ready'
   | 'attestation_refused'
+  /** Exec needs the group RUNNING on its host (R-I9). */
+  | 'group_not_running'
+  /** RunTurn for a CLI the fleet cannot drive itself (R-I9). */
+  | 'cli_unsupported'
   /** An operation ended the group LOST (e.g. a migration whose checkpoint the target refused): why. */
   | LossReason;
 
@@ -59,7 +73,11 @@ export type NotFoundReason =
   | 'turn_not_found';
 
 /** Reasons a retry later may succeed. */
-export type UnavailableReason = 'store_unavailable' | 'host_unreachable' | 'container_missing' | 'observer_stalled' | 'gc_in_progress';
+export type UnavailableReason = 'store_unavailable' | 'host_unreachable' | 'container_missing' | 'observer_stalled' | 'gc_in_progress'
+  /** An exec's host became SUSPECT/DEAD/REMOVED or changed epoch while it ran (R-I9). */
+  | 'host_fenced'
+  /** A frame of an exec was lost between the control plane and its host (R-I9). */
+  | 'exec_transport_lost';
 
 export type NoCapacityReason = 'no_capacity' | 'no_eligible_host';
 
@@ -84,6 +102,43 @@ export type Reason =
   | UnavailableReason
   | NoCapacityReason
   | FencedReason;
+
+// Every reason of each category, as lists the compiler holds equal to the unions (everyMemberOf):
+// the proto comments name exactly these (test/unit/proto-reasons.test.ts), and so do clients.
+export const INVALID_ARGUMENT_REASONS = everyMemberOf<InvalidArgumentReason>()([
+  'not_a_string', 'not_a_number', 'empty_value', 'value_too_long', 'invalid_characters', 'out_of_range', 'too_large',
+  'too_many_entries', 'malformed', 'unsupported_schema_version', 'path_traversal', 'link_escapes_root', 'device_node',
+  'decompression_ratio', 'invalid_config', 'idempotency_key_reused', 'stdin_over_credit', 'member_set_mismatch',
+]);
+export const IDENTITY_REASONS = everyMemberOf<IdentityReason>()(['locator_mismatch', 'locator_missing', 'locator_invalid', 'turn_in_flight', 'context_lost', 'conversation_lost']);
+export const PRECONDITION_REASONS = everyMemberOf<PreconditionReason>()(['invalid_transition', 'unclean_stop', 'checkpoint_not_usable', 'host_not_ready', 'attestation_refused', 'group_not_running', 'cli_unsupported', ...LOSS_REASONS]);
+export const CONFLICT_REASONS = everyMemberOf<ConflictReason>()(['cas_conflict']);
+export const NOT_FOUND_REASONS = everyMemberOf<NotFoundReason>()(['host_not_found', 'group_not_found', 'member_not_found', 'checkpoint_not_found', 'turn_not_found']);
+export const UNAVAILABLE_REASONS = everyMemberOf<UnavailableReason>()(['store_unavailable', 'host_unreachable', 'container_missing', 'observer_stalled', 'gc_in_progress', 'host_fenced', 'exec_transport_lost']);
+export const NO_CAPACITY_REASONS = everyMemberOf<NoCapacityReason>()(['no_capacity', 'no_eligible_host']);
+export const FENCED_REASONS = everyMemberOf<FencedReason>()(['stale_epoch', 'unknown_epoch', 'stale_generation', 'unknown_generation']);
+
+/** Every Reason a FleetError can carry, each once. */
+export const REASONS: readonly Reason[] = [...new Set<Reason>([
+  ...INVALID_ARGUMENT_REASONS, ...IDENTITY_REASONS, ...PRECONDITION_REASONS, ...CONFLICT_REASONS,
+  ...NOT_FOUND_REASONS, ...UNAVAILABLE_REASONS, ...NO_CAPACITY_REASONS, ...FENCED_REASONS,
+])];
+
+/**
+ * Reasons the API layer raises itself (src/api), not the domain: authorization (PERMISSION_DENIED),
+ * cancellation and deadlines, a method this server does not serve (UNIMPLEMENTED), and `internal`
+ * for anything unexpected (INTERNAL, no detail leaves the process).
+ */
+export type ApiReason = 'role_missing' | 'role_not_allowed' | 'cancelled' | 'deadline_exceeded' | 'method_not_served' | 'internal';
+export const API_REASONS = everyMemberOf<ApiReason>()(['role_missing', 'role_not_allowed', 'cancelled', 'deadline_exceeded', 'method_not_served', 'internal']);
+
+/**
+ * Reasons of state-store adapter errors that reach a client (src/api/errors.ts maps them by name):
+ * the domain's own cas_conflict and store_unavailable, and a record refused for its size or shape or
+ * key. The store's other reasons never leave the control plane.
+ */
+export type StoreWireReason = 'cas_conflict' | 'store_unavailable' | 'record_too_large' | 'record_invalid' | 'invalid_key';
+export const STORE_WIRE_REASONS = everyMemberOf<StoreWireReason>()(['cas_conflict', 'store_unavailable', 'record_too_large', 'record_invalid', 'invalid_key']);
 
 /** gRPC status names (strings only: core does not import gRPC). The api layer's table maps these. */
 export type StatusName =

@@ -44,13 +44,17 @@ export type CopyDeleteReason =
 export const COPY_KEEP_REASONS = everyMemberOf<CopyKeepReason>()(['owned', 'record_absent', 'record_unreadable', 'migration_pending', 'placement_pending', 'newer_than_record']);
 export const COPY_DELETE_REASONS = everyMemberOf<CopyDeleteReason>()(['destroyed', 'placed_elsewhere', 'lost_retention_expired']);
 
+/** Why a copy's containers are stopped but kept: LOST within its retention. */
+export type CopyStopReason = 'lost_retained';
+export const COPY_STOP_REASONS = everyMemberOf<CopyStopReason>()(['lost_retained']);
+
 export type CopyVerdict =
   | { readonly action: 'keep'; readonly reason: CopyKeepReason }
   /**
    * LOST within its retention: the layers stay for an operator, the containers are stopped (a LOST
    * group takes no turns, and a process left running could still change the layer).
    */
-  | { readonly action: 'stop'; readonly reason: 'lost_retained' }
+  | { readonly action: 'stop'; readonly reason: CopyStopReason }
   /** Delete the group's containers of generation ≤ `upToGeneration` (never a newer one). */
   | { readonly action: 'delete'; readonly reason: CopyDeleteReason; readonly upToGeneration: number };
 

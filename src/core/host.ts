@@ -43,6 +43,15 @@ export const REMOVAL_SOURCES = everyMemberOf<RemovalSource>()([
   'spot_preemption', 'reclaim_notice', 'lease_ending', 'heartbeat_lost', 'docker_data_lost',
 ]);
 
+/**
+ * Why a report (heartbeat or notice) was fenced, as the FencedNotice the agent gets back says: a
+ * newer epoch exists (`stale_epoch`), no such host (`unknown_host`), the host was declared DEAD or
+ * REMOVED (`host_dead`, `host_removed`: register again), or it left on purpose and stays out until
+ * its agent restarts (`host_retired`).
+ */
+export type FencedNoticeReason = 'stale_epoch' | 'unknown_host' | 'host_dead' | 'host_removed' | 'host_retired';
+export const FENCED_NOTICE_REASONS = everyMemberOf<FencedNoticeReason>()(['stale_epoch', 'unknown_host', 'host_dead', 'host_removed', 'host_retired']);
+
 export interface HostLifecycle {
   readonly state: HostState;
   /** Fencing token (R-H4/R-H6): strictly increases on every (re)registration. */

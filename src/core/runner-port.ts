@@ -6,6 +6,7 @@ import type { CliKind } from './turn-end-evidence.ts';
 import type { GroupState } from './group.ts';
 import type { MemberPhase, TurnOutcome, ContextState } from './member-session.ts';
 import type { LossReason } from './loss.ts';
+import { everyMemberOf } from './exhaustive.ts';
 
 /** The native event kind that ended (or failed to end) a turn, as the runner SDK reports it. */
 export type TurnEndKindName =
@@ -19,6 +20,8 @@ export type TurnEndKindName =
   | 'cancelled'
   | 'rejected'
   | 'process_exited';
+
+export const TURN_END_KIND_NAMES = everyMemberOf<TurnEndKindName>()(['result', 'turn_completed', 'agent_end', 'settled', 'api_retry', 'disconnect', 'timeout', 'cancelled', 'rejected', 'process_exited']);
 
 /** Turn-end evidence from the runner's detector (R-S5, R-S6). */
 export interface TurnEvidenceInput {
@@ -34,6 +37,9 @@ export interface TurnEvidenceInput {
   readonly exitCode?: number | undefined;
   readonly nativeTurnId?: string | undefined;
   readonly errorMessage?: string | undefined;
+  /** Bytes the driver wrote to the CLI (the prompt as sent) and read from it, if it counted: diagnosis only. */
+  readonly inputBytes?: number | undefined;
+  readonly outputBytes?: number | undefined;
 }
 
 export interface MemberView {
@@ -72,6 +78,11 @@ export interface OpenGroupInput {
   readonly idempotencyKey: string;
   readonly conversationId: string;
   readonly members: readonly { readonly memberId: string; readonly cli: CliKind }[];
+  /**
+   * The conversation's group is LOST or DESTROYED: open a new, empty group for it. Without it such
+   * a conversation is refused `conversation_lost`; ignored while its group is alive.
+   */
+  readonly startAnew?: boolean | undefined;
 }
 
 export interface BeginTurnInput {
@@ -131,6 +142,11 @@ export interface StopGroupView {
  * request is refused (InvalidArgument `idempotency_key_reused`).
  */
 export interface RunnerBackend {
+  /**
+   * Refusals besides bad input: `conversation_lost` (FAILED_PRECONDITION, details groupId,
+   * groupState, lostReason) for a conversation whose group is LOST or DESTROYED unless `startAnew`;
+   * `member_set_mismatch` (INVALID_ARGUMENT) for other members than the group's.
+   */
   openGroup(input: OpenGroupInput): Promise<{ readonly group: GroupView; readonly created: boolean }>;
   beginTurn(input: BeginTurnInput): Promise<BeginTurnView>;
   completeTurn(input: CompleteTurnInput): Promise<CompleteTurnView>;

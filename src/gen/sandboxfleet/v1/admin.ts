@@ -20,6 +20,9 @@ import {
 import { AttestationReport, CheckpointManifest } from "./agent.ts";
 import {
   Capacity,
+  ContextState,
+  contextStateFromJSON,
+  contextStateToJSON,
   Event,
   Group,
   GroupState,
@@ -28,6 +31,9 @@ import {
   HostState,
   hostStateFromJSON,
   hostStateToJSON,
+  TurnEndKind,
+  turnEndKindFromJSON,
+  turnEndKindToJSON,
 } from "./common.ts";
 
 export const protobufPackage = "sandboxfleet.v1";
@@ -138,10 +144,80 @@ export interface ListGroupsResponse {
 
 export interface GetGroupRequest {
   groupId: string;
+  /** Also answer turns: the turn-end evidence of each member's last turns. */
+  includeTurns?: boolean | undefined;
 }
 
 export interface GetGroupResponse {
-  group?: Group | undefined;
+  group?:
+    | Group
+    | undefined;
+  /** Set only with include_turns. */
+  turns?: GroupTurns | undefined;
+}
+
+/** Each member's last turn ends, one entry per member in the group's member order. */
+export interface GroupTurns {
+  members: MemberTurns[];
+}
+
+/**
+ * The last turns of one member as the control plane recorded them, oldest first. Bounded: the last
+ * 8 per member, fewer when a group's members together would pass the record's evidence budget
+ * (20 KiB per group, split evenly; long locators cost more). Written in the same compare-and-set
+ * as the member change of CompleteTurn, so an entry exists exactly for each turn end that was
+ * recorded (a refused one included); a turn cut off by a stop or a host loss has none.
+ */
+export interface MemberTurns {
+  memberId: string;
+  turns: TurnRecord[];
+}
+
+/**
+ * One turn end: what the runner's driver reported (TurnEndEvidence) next to what the control plane
+ * decided. For the diagnosis "the CLI forgot the conversation": compare what was sent (input_bytes,
+ * the context state and the locator the turn resumed) with how the turn ended (end kind, observed
+ * locator, exit) before suspecting the persistence of the session (a checkpoint or a restore).
+ */
+export interface TurnRecord {
+  turnId: string;
+  /** What BeginTurn answered for this turn (NEW, LIVE or RESTORED). */
+  contextState: ContextState;
+  /** The placement generation the turn ran on (a migration between two turns shows as a new one). */
+  placementGeneration: number;
+  beganAtUnixMs: number;
+  /** When CompleteTurn was recorded. */
+  completedAtUnixMs: number;
+  /** The evidence as reported (TurnEndEvidence). */
+  endKind: TurnEndKind;
+  nativeTurnEnded: boolean;
+  succeeded: boolean;
+  cleanupFinished: boolean;
+  transportUsable: boolean;
+  locatorUsable: boolean;
+  processExited: boolean;
+  exitConfirmed: boolean;
+  exitCode?:
+    | number
+    | undefined;
+  /** The session id the turn end reported; empty when none was observed. */
+  observedLocator: string;
+  /** The native turn id the end event named, at most 64 characters kept. */
+  nativeTurnId: string;
+  inputBytes?: number | undefined;
+  outputBytes?:
+    | number
+    | undefined;
+  /**
+   * The decision (core TurnOutcome): completed, failed_kept, failed_before_session, unconfirmed,
+   * locator_mismatch, locator_missing.
+   */
+  outcome: string;
+  /**
+   * The reason CompleteTurn was refused with (locator_mismatch, locator_missing, locator_invalid);
+   * empty when it was answered.
+   */
+  refusal: string;
 }
 
 export interface MigrateGroupRequest {
@@ -1571,13 +1647,16 @@ export const ListGroupsResponse: MessageFns<ListGroupsResponse> = {
 };
 
 function createBaseGetGroupRequest(): GetGroupRequest {
-  return { groupId: "" };
+  return { groupId: "", includeTurns: undefined };
 }
 
 export const GetGroupRequest: MessageFns<GetGroupRequest> = {
   encode(message: GetGroupRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.groupId !== "") {
       writer.uint32(10).string(message.groupId);
+    }
+    if (message.includeTurns !== undefined) {
+      writer.uint32(16).bool(message.includeTurns);
     }
     return writer;
   },
@@ -1603,6 +1682,14 @@ export const GetGroupRequest: MessageFns<GetGroupRequest> = {
             message.groupId = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.includeTurns = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1622,6 +1709,11 @@ export const GetGroupRequest: MessageFns<GetGroupRequest> = {
         : isSet(object.group_id)
         ? globalThis.String(object.group_id)
         : "",
+      includeTurns: isSet(object.includeTurns)
+        ? globalThis.Boolean(object.includeTurns)
+        : isSet(object.include_turns)
+        ? globalThis.Boolean(object.include_turns)
+        : undefined,
     };
   },
 
@@ -1629,6 +1721,9 @@ export const GetGroupRequest: MessageFns<GetGroupRequest> = {
     const obj: any = {};
     if (message.groupId !== "") {
       obj.groupId = message.groupId;
+    }
+    if (message.includeTurns !== undefined) {
+      obj.includeTurns = message.includeTurns;
     }
     return obj;
   },
@@ -1639,18 +1734,22 @@ export const GetGroupRequest: MessageFns<GetGroupRequest> = {
   fromPartial(object: DeepPartial<GetGroupRequest>): GetGroupRequest {
     const message = createBaseGetGroupRequest();
     message.groupId = object.groupId ?? "";
+    message.includeTurns = object.includeTurns ?? undefined;
     return message;
   },
 };
 
 function createBaseGetGroupResponse(): GetGroupResponse {
-  return { group: undefined };
+  return { group: undefined, turns: undefined };
 }
 
 export const GetGroupResponse: MessageFns<GetGroupResponse> = {
   encode(message: GetGroupResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.group !== undefined) {
       Group.encode(message.group, writer.uint32(10).fork()).join();
+    }
+    if (message.turns !== undefined) {
+      GroupTurns.encode(message.turns, writer.uint32(18).fork()).join();
     }
     return writer;
   },
@@ -1676,6 +1775,14 @@ export const GetGroupResponse: MessageFns<GetGroupResponse> = {
             message.group = Group.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.turns = GroupTurns.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1689,13 +1796,19 @@ export const GetGroupResponse: MessageFns<GetGroupResponse> = {
   },
 
   fromJSON(object: any): GetGroupResponse {
-    return { group: isSet(object.group) ? Group.fromJSON(object.group) : undefined };
+    return {
+      group: isSet(object.group) ? Group.fromJSON(object.group) : undefined,
+      turns: isSet(object.turns) ? GroupTurns.fromJSON(object.turns) : undefined,
+    };
   },
 
   toJSON(message: GetGroupResponse): unknown {
     const obj: any = {};
     if (message.group !== undefined) {
       obj.group = Group.toJSON(message.group);
+    }
+    if (message.turns !== undefined) {
+      obj.turns = GroupTurns.toJSON(message.turns);
     }
     return obj;
   },
@@ -1706,6 +1819,629 @@ export const GetGroupResponse: MessageFns<GetGroupResponse> = {
   fromPartial(object: DeepPartial<GetGroupResponse>): GetGroupResponse {
     const message = createBaseGetGroupResponse();
     message.group = (object.group !== undefined && object.group !== null) ? Group.fromPartial(object.group) : undefined;
+    message.turns = (object.turns !== undefined && object.turns !== null)
+      ? GroupTurns.fromPartial(object.turns)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseGroupTurns(): GroupTurns {
+  return { members: [] };
+}
+
+export const GroupTurns: MessageFns<GroupTurns> = {
+  encode(message: GroupTurns, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.members) {
+      MemberTurns.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GroupTurns {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGroupTurns();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.members.push(MemberTurns.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GroupTurns {
+    return {
+      members: globalThis.Array.isArray(object?.members) ? object.members.map((e: any) => MemberTurns.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: GroupTurns): unknown {
+    const obj: any = {};
+    if (message.members?.length) {
+      obj.members = message.members.map((e) => MemberTurns.toJSON(e));
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<GroupTurns>): GroupTurns {
+    return GroupTurns.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<GroupTurns>): GroupTurns {
+    const message = createBaseGroupTurns();
+    message.members = object.members?.map((e) => MemberTurns.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseMemberTurns(): MemberTurns {
+  return { memberId: "", turns: [] };
+}
+
+export const MemberTurns: MessageFns<MemberTurns> = {
+  encode(message: MemberTurns, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.memberId !== "") {
+      writer.uint32(10).string(message.memberId);
+    }
+    for (const v of message.turns) {
+      TurnRecord.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): MemberTurns {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseMemberTurns();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.memberId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.turns.push(TurnRecord.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): MemberTurns {
+    return {
+      memberId: isSet(object.memberId)
+        ? globalThis.String(object.memberId)
+        : isSet(object.member_id)
+        ? globalThis.String(object.member_id)
+        : "",
+      turns: globalThis.Array.isArray(object?.turns) ? object.turns.map((e: any) => TurnRecord.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: MemberTurns): unknown {
+    const obj: any = {};
+    if (message.memberId !== "") {
+      obj.memberId = message.memberId;
+    }
+    if (message.turns?.length) {
+      obj.turns = message.turns.map((e) => TurnRecord.toJSON(e));
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<MemberTurns>): MemberTurns {
+    return MemberTurns.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<MemberTurns>): MemberTurns {
+    const message = createBaseMemberTurns();
+    message.memberId = object.memberId ?? "";
+    message.turns = object.turns?.map((e) => TurnRecord.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseTurnRecord(): TurnRecord {
+  return {
+    turnId: "",
+    contextState: 0,
+    placementGeneration: 0,
+    beganAtUnixMs: 0,
+    completedAtUnixMs: 0,
+    endKind: 0,
+    nativeTurnEnded: false,
+    succeeded: false,
+    cleanupFinished: false,
+    transportUsable: false,
+    locatorUsable: false,
+    processExited: false,
+    exitConfirmed: false,
+    exitCode: undefined,
+    observedLocator: "",
+    nativeTurnId: "",
+    inputBytes: undefined,
+    outputBytes: undefined,
+    outcome: "",
+    refusal: "",
+  };
+}
+
+export const TurnRecord: MessageFns<TurnRecord> = {
+  encode(message: TurnRecord, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.turnId !== "") {
+      writer.uint32(10).string(message.turnId);
+    }
+    if (message.contextState !== 0) {
+      writer.uint32(16).int32(message.contextState);
+    }
+    if (message.placementGeneration !== 0) {
+      writer.uint32(24).int64(message.placementGeneration);
+    }
+    if (message.beganAtUnixMs !== 0) {
+      writer.uint32(32).int64(message.beganAtUnixMs);
+    }
+    if (message.completedAtUnixMs !== 0) {
+      writer.uint32(40).int64(message.completedAtUnixMs);
+    }
+    if (message.endKind !== 0) {
+      writer.uint32(48).int32(message.endKind);
+    }
+    if (message.nativeTurnEnded !== false) {
+      writer.uint32(56).bool(message.nativeTurnEnded);
+    }
+    if (message.succeeded !== false) {
+      writer.uint32(64).bool(message.succeeded);
+    }
+    if (message.cleanupFinished !== false) {
+      writer.uint32(72).bool(message.cleanupFinished);
+    }
+    if (message.transportUsable !== false) {
+      writer.uint32(80).bool(message.transportUsable);
+    }
+    if (message.locatorUsable !== false) {
+      writer.uint32(88).bool(message.locatorUsable);
+    }
+    if (message.processExited !== false) {
+      writer.uint32(96).bool(message.processExited);
+    }
+    if (message.exitConfirmed !== false) {
+      writer.uint32(104).bool(message.exitConfirmed);
+    }
+    if (message.exitCode !== undefined) {
+      writer.uint32(112).int32(message.exitCode);
+    }
+    if (message.observedLocator !== "") {
+      writer.uint32(122).string(message.observedLocator);
+    }
+    if (message.nativeTurnId !== "") {
+      writer.uint32(130).string(message.nativeTurnId);
+    }
+    if (message.inputBytes !== undefined) {
+      writer.uint32(136).int64(message.inputBytes);
+    }
+    if (message.outputBytes !== undefined) {
+      writer.uint32(144).int64(message.outputBytes);
+    }
+    if (message.outcome !== "") {
+      writer.uint32(154).string(message.outcome);
+    }
+    if (message.refusal !== "") {
+      writer.uint32(162).string(message.refusal);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TurnRecord {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTurnRecord();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.turnId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.contextState = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.placementGeneration = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.beganAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.completedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.endKind = reader.int32() as any;
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.nativeTurnEnded = reader.bool();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.succeeded = reader.bool();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.cleanupFinished = reader.bool();
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.transportUsable = reader.bool();
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.locatorUsable = reader.bool();
+            continue;
+          }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.processExited = reader.bool();
+            continue;
+          }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.exitConfirmed = reader.bool();
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.exitCode = reader.int32();
+            continue;
+          }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.observedLocator = reader.string();
+            continue;
+          }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.nativeTurnId = reader.string();
+            continue;
+          }
+          case 17: {
+            if (tag !== 136) {
+              break;
+            }
+
+            message.inputBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 18: {
+            if (tag !== 144) {
+              break;
+            }
+
+            message.outputBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 19: {
+            if (tag !== 154) {
+              break;
+            }
+
+            message.outcome = reader.string();
+            continue;
+          }
+          case 20: {
+            if (tag !== 162) {
+              break;
+            }
+
+            message.refusal = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TurnRecord {
+    return {
+      turnId: isSet(object.turnId)
+        ? globalThis.String(object.turnId)
+        : isSet(object.turn_id)
+        ? globalThis.String(object.turn_id)
+        : "",
+      contextState: isSet(object.contextState)
+        ? contextStateFromJSON(object.contextState)
+        : isSet(object.context_state)
+        ? contextStateFromJSON(object.context_state)
+        : 0,
+      placementGeneration: isSet(object.placementGeneration)
+        ? globalThis.Number(object.placementGeneration)
+        : isSet(object.placement_generation)
+        ? globalThis.Number(object.placement_generation)
+        : 0,
+      beganAtUnixMs: isSet(object.beganAtUnixMs)
+        ? globalThis.Number(object.beganAtUnixMs)
+        : isSet(object.began_at_unix_ms)
+        ? globalThis.Number(object.began_at_unix_ms)
+        : 0,
+      completedAtUnixMs: isSet(object.completedAtUnixMs)
+        ? globalThis.Number(object.completedAtUnixMs)
+        : isSet(object.completed_at_unix_ms)
+        ? globalThis.Number(object.completed_at_unix_ms)
+        : 0,
+      endKind: isSet(object.endKind)
+        ? turnEndKindFromJSON(object.endKind)
+        : isSet(object.end_kind)
+        ? turnEndKindFromJSON(object.end_kind)
+        : 0,
+      nativeTurnEnded: isSet(object.nativeTurnEnded)
+        ? globalThis.Boolean(object.nativeTurnEnded)
+        : isSet(object.native_turn_ended)
+        ? globalThis.Boolean(object.native_turn_ended)
+        : false,
+      succeeded: isSet(object.succeeded) ? globalThis.Boolean(object.succeeded) : false,
+      cleanupFinished: isSet(object.cleanupFinished)
+        ? globalThis.Boolean(object.cleanupFinished)
+        : isSet(object.cleanup_finished)
+        ? globalThis.Boolean(object.cleanup_finished)
+        : false,
+      transportUsable: isSet(object.transportUsable)
+        ? globalThis.Boolean(object.transportUsable)
+        : isSet(object.transport_usable)
+        ? globalThis.Boolean(object.transport_usable)
+        : false,
+      locatorUsable: isSet(object.locatorUsable)
+        ? globalThis.Boolean(object.locatorUsable)
+        : isSet(object.locator_usable)
+        ? globalThis.Boolean(object.locator_usable)
+        : false,
+      processExited: isSet(object.processExited)
+        ? globalThis.Boolean(object.processExited)
+        : isSet(object.process_exited)
+        ? globalThis.Boolean(object.process_exited)
+        : false,
+      exitConfirmed: isSet(object.exitConfirmed)
+        ? globalThis.Boolean(object.exitConfirmed)
+        : isSet(object.exit_confirmed)
+        ? globalThis.Boolean(object.exit_confirmed)
+        : false,
+      exitCode: isSet(object.exitCode)
+        ? globalThis.Number(object.exitCode)
+        : isSet(object.exit_code)
+        ? globalThis.Number(object.exit_code)
+        : undefined,
+      observedLocator: isSet(object.observedLocator)
+        ? globalThis.String(object.observedLocator)
+        : isSet(object.observed_locator)
+        ? globalThis.String(object.observed_locator)
+        : "",
+      nativeTurnId: isSet(object.nativeTurnId)
+        ? globalThis.String(object.nativeTurnId)
+        : isSet(object.native_turn_id)
+        ? globalThis.String(object.native_turn_id)
+        : "",
+      inputBytes: isSet(object.inputBytes)
+        ? globalThis.Number(object.inputBytes)
+        : isSet(object.input_bytes)
+        ? globalThis.Number(object.input_bytes)
+        : undefined,
+      outputBytes: isSet(object.outputBytes)
+        ? globalThis.Number(object.outputBytes)
+        : isSet(object.output_bytes)
+        ? globalThis.Number(object.output_bytes)
+        : undefined,
+      outcome: isSet(object.outcome) ? globalThis.String(object.outcome) : "",
+      refusal: isSet(object.refusal) ? globalThis.String(object.refusal) : "",
+    };
+  },
+
+  toJSON(message: TurnRecord): unknown {
+    const obj: any = {};
+    if (message.turnId !== "") {
+      obj.turnId = message.turnId;
+    }
+    if (message.contextState !== 0) {
+      obj.contextState = contextStateToJSON(message.contextState);
+    }
+    if (message.placementGeneration !== 0) {
+      obj.placementGeneration = Math.round(message.placementGeneration);
+    }
+    if (message.beganAtUnixMs !== 0) {
+      obj.beganAtUnixMs = Math.round(message.beganAtUnixMs);
+    }
+    if (message.completedAtUnixMs !== 0) {
+      obj.completedAtUnixMs = Math.round(message.completedAtUnixMs);
+    }
+    if (message.endKind !== 0) {
+      obj.endKind = turnEndKindToJSON(message.endKind);
+    }
+    if (message.nativeTurnEnded !== false) {
+      obj.nativeTurnEnded = message.nativeTurnEnded;
+    }
+    if (message.succeeded !== false) {
+      obj.succeeded = message.succeeded;
+    }
+    if (message.cleanupFinished !== false) {
+      obj.cleanupFinished = message.cleanupFinished;
+    }
+    if (message.transportUsable !== false) {
+      obj.transportUsable = message.transportUsable;
+    }
+    if (message.locatorUsable !== false) {
+      obj.locatorUsable = message.locatorUsable;
+    }
+    if (message.processExited !== false) {
+      obj.processExited = message.processExited;
+    }
+    if (message.exitConfirmed !== false) {
+      obj.exitConfirmed = message.exitConfirmed;
+    }
+    if (message.exitCode !== undefined) {
+      obj.exitCode = Math.round(message.exitCode);
+    }
+    if (message.observedLocator !== "") {
+      obj.observedLocator = message.observedLocator;
+    }
+    if (message.nativeTurnId !== "") {
+      obj.nativeTurnId = message.nativeTurnId;
+    }
+    if (message.inputBytes !== undefined) {
+      obj.inputBytes = Math.round(message.inputBytes);
+    }
+    if (message.outputBytes !== undefined) {
+      obj.outputBytes = Math.round(message.outputBytes);
+    }
+    if (message.outcome !== "") {
+      obj.outcome = message.outcome;
+    }
+    if (message.refusal !== "") {
+      obj.refusal = message.refusal;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<TurnRecord>): TurnRecord {
+    return TurnRecord.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<TurnRecord>): TurnRecord {
+    const message = createBaseTurnRecord();
+    message.turnId = object.turnId ?? "";
+    message.contextState = object.contextState ?? 0;
+    message.placementGeneration = object.placementGeneration ?? 0;
+    message.beganAtUnixMs = object.beganAtUnixMs ?? 0;
+    message.completedAtUnixMs = object.completedAtUnixMs ?? 0;
+    message.endKind = object.endKind ?? 0;
+    message.nativeTurnEnded = object.nativeTurnEnded ?? false;
+    message.succeeded = object.succeeded ?? false;
+    message.cleanupFinished = object.cleanupFinished ?? false;
+    message.transportUsable = object.transportUsable ?? false;
+    message.locatorUsable = object.locatorUsable ?? false;
+    message.processExited = object.processExited ?? false;
+    message.exitConfirmed = object.exitConfirmed ?? false;
+    message.exitCode = object.exitCode ?? undefined;
+    message.observedLocator = object.observedLocator ?? "";
+    message.nativeTurnId = object.nativeTurnId ?? "";
+    message.inputBytes = object.inputBytes ?? undefined;
+    message.outputBytes = object.outputBytes ?? undefined;
+    message.outcome = object.outcome ?? "";
+    message.refusal = object.refusal ?? "";
     return message;
   },
 };
@@ -3515,6 +4251,7 @@ export const AdminServiceService = {
     responseSerialize: (value: ListGroupsResponse): Buffer => Buffer.from(ListGroupsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListGroupsResponse => ListGroupsResponse.decode(value),
   },
+  /** One group; with include_turns, each member's last turn ends as recorded (`sandboxctl turns`). */
   getGroup: {
     path: "/sandboxfleet.v1.AdminService/GetGroup" as const,
     requestStream: false as const,
@@ -3587,6 +4324,7 @@ export interface AdminServiceServer extends UntypedServiceImplementation {
   /** Drain then remove the host; its epoch is revoked (R-H5, R-H6). */
   removeHost: handleUnaryCall<RemoveHostRequest, RemoveHostResponse>;
   listGroups: handleUnaryCall<ListGroupsRequest, ListGroupsResponse>;
+  /** One group; with include_turns, each member's last turn ends as recorded (`sandboxctl turns`). */
   getGroup: handleUnaryCall<GetGroupRequest, GetGroupResponse>;
   /** Move a cleanly stopped (or stoppable) group to another host via a checkpoint (R-G3..R-G5). */
   migrateGroup: handleUnaryCall<MigrateGroupRequest, MigrateGroupResponse>;
@@ -3677,6 +4415,7 @@ export interface AdminServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListGroupsResponse) => void,
   ): ClientUnaryCall;
+  /** One group; with include_turns, each member's last turn ends as recorded (`sandboxctl turns`). */
   getGroup(
     request: GetGroupRequest,
     callback: (error: ServiceError | null, response: GetGroupResponse) => void,

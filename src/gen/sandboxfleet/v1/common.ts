@@ -102,8 +102,9 @@ export enum ContextState {
   RESTORED = 3,
   /**
    * LOST - The required native state or container integrity cannot be confirmed; turns are refused.
-   * BeginTurn never answers LOST in a response: it fails with FAILED_PRECONDITION and an
-   * ErrorDetail whose metadata["context_state"] is "LOST". This value appears in Member.
+   * BeginTurn never answers LOST in a response: it fails with FAILED_PRECONDITION and the reason
+   * context_lost (ErrorDetail.metadata lostReason says why). This value appears in Member and in
+   * CompleteTurnResponse.next_context_state.
    */
   LOST = 4,
   UNRECOGNIZED = -1,
@@ -508,19 +509,68 @@ export function turnEndKindToJSON(object: TurnEndKind): string {
 /**
  * Carried as a google.rpc.Status detail (grpc-status-details-bin, see RpcStatus) on every non-OK
  * status, and as the refusal of an agent command. `reason` is the stable machine-readable cause;
- * clients switch on it, never on the message text (R-I1, R-H2, R-R1). The catalogue of reasons is
- * the `Reason` union in src/core/errors.ts (plus the attestation, clean-stop and checkpoint reason
- * unions next to it); examples: locator_mismatch, turn_in_flight, context_lost (identity, R-S2,
- * R-S3, R-S8), stale_epoch, stale_generation (fencing, R-H6), cas_conflict (ABORTED),
- * stale_checkpoint, checkpoint_corrupt, unclean_stop, restore_failed, host_lost_running (loss,
- * R-G4, R-G6), bridge_version, api_sha_mismatch (attestation, R-H2). Reasons are lower_snake_case,
- * added but never renamed once released.
+ * clients switch on it, never on the message text (R-I1, R-H2, R-R1). Reasons are
+ * lower_snake_case, added but never renamed once released.
+ *
+ * The catalogue: every reason string of the protocol, by where it appears. It is the reason unions
+ * of src/core (errors.ts and the unions next to it) and src/wire/agent-protocol.ts, and a test
+ * (test/unit/proto-reasons.test.ts) keeps the two equal: a reason named in any comment of proto/
+ * exists in the code, and every reason of the code is named here or at its field.
+ * - INVALID_ARGUMENT: not_a_string, not_a_number, empty_value, value_too_long, invalid_characters,
+ *   out_of_range, too_large, too_many_entries, malformed, unsupported_schema_version,
+ *   path_traversal, link_escapes_root, device_node, decompression_ratio, invalid_config,
+ *   idempotency_key_reused, member_set_mismatch, stdin_over_credit; from the state store:
+ *   record_too_large, record_invalid, invalid_key.
+ * - FAILED_PRECONDITION, session identity (R-S1..R-S3, R-S8): locator_mismatch, locator_missing,
+ *   locator_invalid, turn_in_flight, context_lost, conversation_lost.
+ * - FAILED_PRECONDITION, state: invalid_transition, unclean_stop, checkpoint_not_usable,
+ *   host_not_ready, attestation_refused, group_not_running, cli_unsupported, or the loss reason
+ *   (below) of an operation that ended the group LOST.
+ * - FAILED_PRECONDITION, fencing (R-H6): stale_epoch, unknown_epoch, stale_generation,
+ *   unknown_generation.
+ * - ABORTED: cas_conflict. RESOURCE_EXHAUSTED: no_capacity, no_eligible_host.
+ * - NOT_FOUND: host_not_found, group_not_found, member_not_found, checkpoint_not_found,
+ *   turn_not_found.
+ * - UNAVAILABLE (a retry may work): store_unavailable, host_unreachable, container_missing,
+ *   observer_stalled, gc_in_progress, host_fenced, exec_transport_lost.
+ * - Raised by the API layer itself: role_missing and role_not_allowed (PERMISSION_DENIED),
+ *   cancelled (CANCELLED), deadline_exceeded (DEADLINE_EXCEEDED), method_not_served
+ *   (UNIMPLEMENTED), internal (INTERNAL; nothing else is said).
+ * - Loss reasons (Group.loss_reason, R-G4, R-G6; also Event.reason): host_lost_running,
+ *   unclean_stop, no_checkpoint, checkpoint_mismatch, stale_checkpoint, checkpoint_corrupt,
+ *   base_image_mismatch, bridge_version_mismatch, restore_failed, no_eligible_host,
+ *   container_missing, session_files_missing, operator_declared. A member's (Member.loss_reason):
+ *   turn_unconfirmed, container_missing, writable_layer_missing, session_files_missing,
+ *   locator_missing, group_lost.
+ * - Turn outcomes (CompleteTurnResponse.reason, TurnRecord.outcome): completed, failed_kept,
+ *   failed_before_session, unconfirmed, locator_mismatch, locator_missing.
+ * - Host attestation (Host.refusal_reasons, R-H2): agent_sha_unknown, api_sha_mismatch,
+ *   image_digest_not_allowed, storage_driver_unsupported, bridge_version, bridge_unproven.
+ *   Why a host is going away (Host.removal_source, R-H5): operator_drain, operator_remove,
+ *   node_deleted, node_cordoned, disruption_taint, spot_preemption, reclaim_notice, lease_ending,
+ *   heartbeat_lost, docker_data_lost.
+ * - Agent command refusals (domain "host-agent"; CommandResult.reason): stale_epoch,
+ *   unknown_epoch, stale_generation, not_registered, host_not_admitted, wrong_host, malformed,
+ *   invalid_argument, deadline_exceeded, group_not_found, member_not_found, member_mismatch,
+ *   group_running, state_changed, no_capacity, start_failed, stop_failed, unclean_stop,
+ *   bridge_unproven, session_files_missing, checkpoint_exists, manifest_exists,
+ *   manifest_write_failed, capture_failed, layer_refused, no_checkpoint, checkpoint_mismatch,
+ *   checkpoint_corrupt, manifest_invalid, image_mismatch, layer_digest_mismatch,
+ *   layer_size_mismatch, chunk_missing, chunk_digest_mismatch, layer_path_invalid,
+ *   layer_link_escape, layer_device_node, layer_entry_limit, layer_size_limit, layer_name_limit,
+ *   layer_header_invalid, layer_xattr_refused, restore_target_in_use, restore_failed,
+ *   transfer_failed, extract_failed, disk_full (and docker_<error> for an engine error).
+ * - The agent protocol's verdicts: a group copy kept (owned, record_absent, record_unreadable,
+ *   migration_pending, placement_pending, newer_than_record), stopped (lost_retained) or deleted
+ *   (destroyed, placed_elsewhere, lost_retention_expired); a fenced report (FencedNotice.reason:
+ *   stale_epoch, unknown_host, host_dead, host_removed, host_retired).
  */
 export interface ErrorDetail {
   reason: string;
   /**
-   * Context for the reason, e.g. {"group_id": "...", "expected": "...", "observed": "...",
-   * "context_state": "LOST"}. Values are short strings; no secrets.
+   * Context for the reason, camelCase keys, e.g. {"groupId": "...", "memberId": "...",
+   * "lostReason": "host_lost_running", "groupState": "LOST", "field": "members"}. Values are short
+   * strings (at most 16 entries of 256 characters); no secrets.
    */
   metadata: { [key: string]: string };
   /**
@@ -628,18 +678,24 @@ export interface Event {
   timeUnixMs: number;
   /** Who caused it: "control-plane/<replica>", "host-agent/<host>", "operator/<name>", "runner". */
   actor: string;
-  /** "host" | "group" | "member" | "checkpoint". */
+  /**
+   * "host" | "group" | "checkpoint" | "control_plane" (a member's events are its group's, with
+   * detail memberId).
+   */
   subjectKind: string;
-  /** Id of the subject; for members "<group_id>/<member_id>". */
+  /** Id of the subject (a host id, a group id, a checkpoint id). */
   subjectId: string;
   /**
-   * Dotted event type, e.g. "group.state_changed", "session.lost", "host.attestation_refused",
-   * "checkpoint.created", "report.fenced".
+   * What happened, lower_snake_case: a subject's lifecycle step (group_<step>, host_<step>) or a
+   * named event of its own; stable once released.
    */
   type: string;
   fromState: string;
   toState: string;
-  /** Machine-readable reason (ErrorDetail.reason vocabulary). */
+  /**
+   * Why: a reason of the ErrorDetail catalogue when the change has one (a loss reason, a removal
+   * source, an attestation refusal), else the step's short description in words.
+   */
   reason: string;
   /** Small bounded key/value detail (ids, digests, durations); no secrets. */
   detail: { [key: string]: string };

@@ -40,15 +40,29 @@ export const protobufFileName = "sandboxfleet/v1/runner.proto";
  * it on every turn to learn where the member runs and in what context state (R-S1), and to report
  * how the turn ended so the control plane can keep or refuse the native session (R-S2, R-S5).
  *
- * Status codes (R-I1): INVALID_ARGUMENT for malformed or oversized input; NOT_FOUND for an unknown
- * group/member/turn; FAILED_PRECONDITION for identity refusals (locator_mismatch,
- * no_recoverable_locator, turn_in_flight, member_lost); ABORTED for a lost compare-and-set race
- * (retry the call with the same idempotency key); RESOURCE_EXHAUSTED when no host has capacity;
- * UNAVAILABLE when a retry may work. Every non-OK status carries an ErrorDetail.
+ * Status codes (R-I1): INVALID_ARGUMENT for malformed or oversized input (and member_set_mismatch,
+ * idempotency_key_reused); NOT_FOUND for an unknown group/member/turn (group_not_found,
+ * member_not_found, turn_not_found); FAILED_PRECONDITION for identity refusals (locator_mismatch,
+ * locator_missing, locator_invalid, turn_in_flight, context_lost, conversation_lost) and for states
+ * that do not allow the call (invalid_transition, ...); ABORTED for a lost compare-and-set race
+ * (cas_conflict: retry the call with the same idempotency key); RESOURCE_EXHAUSTED when no host has
+ * capacity (no_capacity); UNAVAILABLE when a retry may work (host_unreachable, container_missing,
+ * store_unavailable). Every non-OK status carries an ErrorDetail (common.proto lists every reason).
+ *
+ * LOST is always a refusal, never an answer that looks normal. BeginTurn, CompleteTurn and StopGroup
+ * on a LOST (or DESTROYED) group answer FAILED_PRECONDITION context_lost with ErrorDetail.metadata
+ * groupId, groupState and lostReason (the group's loss reason); only a repeat of a call answered
+ * before the loss gets its first answer again. BeginTurn for a LOST member of a live group answers
+ * context_lost with the member's lostReason. OpenGroup for a conversation whose group is LOST or
+ * DESTROYED answers conversation_lost (see OpenGroupRequest.start_anew).
  *
  * Idempotency: every mutating request carries `idempotency_key` (1..128 chars, unique per logical
- * operation). Repeating a call with the same key returns the first call's result; reusing a key
- * with a different request fails with ABORTED/idempotency_conflict.
+ * operation). Repeating a call with the same key returns the first call's result (its answer or its
+ * refusal); reusing a key with a different request is refused INVALID_ARGUMENT
+ * idempotency_key_reused and never executed (retrying it cannot help). Keys of BeginTurn and
+ * CompleteTurn are kept per member: the last answer of each and the previous 16 keys (an older key
+ * is refused idempotency_key_reused too). A BeginTurn refused turn_in_flight keeps its own answer
+ * apart, so the retry of the turn in flight with that turn's key still gets its turn.
  */
 
 /** A member the runner wants in the group: one container per native CLI (section 1). */
@@ -63,17 +77,30 @@ export interface OpenGroupRequest {
   /** The runner's conversation id (1..128 chars); one group per conversation. */
   conversationId: string;
   /**
-   * Wanted members (1..8). Reopening an existing group with a different member set is refused
-   * with INVALID_ARGUMENT; members are fixed for the group's life.
+   * Wanted members (1..8). Reopening an existing group with a different member set (other ids,
+   * other CLI kinds, more or fewer; the order does not matter) is refused INVALID_ARGUMENT
+   * member_set_mismatch with metadata groupId; members are fixed for the group's life.
    */
   members: MemberSpec[];
+  /**
+   * The conversation's group is LOST (or DESTROYED): its native history is gone. Without this flag
+   * OpenGroup refuses FAILED_PRECONDITION conversation_lost with ErrorDetail.metadata groupId,
+   * groupState and lostReason (the old group stays readable through GetGroupState). With it, a new,
+   * empty group is created for the conversation (created = true; every member starts NEW) and the
+   * conversation names it from then on. Ignored while the conversation's group is alive (the call
+   * then answers that group, created = false), so a retry never opens a second new group.
+   */
+  startAnew?: boolean | undefined;
 }
 
 export interface OpenGroupResponse {
   group?:
     | Group
     | undefined;
-  /** True when this call created the group, false when it already existed. */
+  /**
+   * True when this call created the group (first use of the conversation, or start_anew over a
+   * LOST one), false when it already existed.
+   */
   created: boolean;
 }
 
@@ -148,6 +175,13 @@ export interface TurnEndEvidence {
   nativeTurnId: string;
   /** Error text when !succeeded, bounded to 4 KiB; never contains credentials. */
   errorMessage: string;
+  /**
+   * Bytes the driver wrote to the CLI for this turn (the prompt as sent) and read from it (stdout
+   * and stderr), when it counted them (0..2^53). Stored with the turn's evidence for diagnosis only
+   * (`sandboxctl turns`); they never decide anything.
+   */
+  inputBytes?: number | undefined;
+  outputBytes?: number | undefined;
 }
 
 export interface CompleteTurnRequest {
@@ -173,7 +207,11 @@ export interface CompleteTurnResponse {
    * RESTORED if it exited, LOST if the session was not kept (R-S1, R-S6).
    */
   nextContextState: ContextState;
-  /** Why the session was not kept or the member became LOST; empty when kept. */
+  /**
+   * The turn's outcome when it was not a plain success (failed_kept: a failure that kept the
+   * session; failed_before_session, unconfirmed, locator_mismatch, locator_missing); empty for
+   * completed.
+   */
   reason: string;
 }
 
@@ -184,11 +222,16 @@ export interface StopGroupRequest {
   graceMs: number;
 }
 
+/**
+ * StopGroup on a STOPPED group answers its last stop again (the same outcome). On a LOST or
+ * DESTROYED group it is refused FAILED_PRECONDITION context_lost (metadata groupId, groupState,
+ * lostReason): there is nothing left to stop cleanly or checkpoint.
+ */
 export interface StopGroupResponse {
   group?:
     | Group
     | undefined;
-  /** CLEAN only if R-G2 held for every member. */
+  /** CLEAN only if R-G2 held for every member; UNSPECIFIED only for a group never started (PENDING). */
   outcome: StopOutcome;
   /** Checkpoint taken after a clean stop (R-G3); empty otherwise. */
   checkpointId: string;
@@ -294,7 +337,7 @@ export const MemberSpec: MessageFns<MemberSpec> = {
 };
 
 function createBaseOpenGroupRequest(): OpenGroupRequest {
-  return { idempotencyKey: "", conversationId: "", members: [] };
+  return { idempotencyKey: "", conversationId: "", members: [], startAnew: undefined };
 }
 
 export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
@@ -307,6 +350,9 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
     }
     for (const v of message.members) {
       MemberSpec.encode(v!, writer.uint32(26).fork()).join();
+    }
+    if (message.startAnew !== undefined) {
+      writer.uint32(32).bool(message.startAnew);
     }
     return writer;
   },
@@ -348,6 +394,14 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
             message.members.push(MemberSpec.decode(reader, reader.uint32()));
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.startAnew = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -373,6 +427,11 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
         ? globalThis.String(object.conversation_id)
         : "",
       members: globalThis.Array.isArray(object?.members) ? object.members.map((e: any) => MemberSpec.fromJSON(e)) : [],
+      startAnew: isSet(object.startAnew)
+        ? globalThis.Boolean(object.startAnew)
+        : isSet(object.start_anew)
+        ? globalThis.Boolean(object.start_anew)
+        : undefined,
     };
   },
 
@@ -387,6 +446,9 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
     if (message.members?.length) {
       obj.members = message.members.map((e) => MemberSpec.toJSON(e));
     }
+    if (message.startAnew !== undefined) {
+      obj.startAnew = message.startAnew;
+    }
     return obj;
   },
 
@@ -398,6 +460,7 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
     message.idempotencyKey = object.idempotencyKey ?? "";
     message.conversationId = object.conversationId ?? "";
     message.members = object.members?.map((e) => MemberSpec.fromPartial(e)) || [];
+    message.startAnew = object.startAnew ?? undefined;
     return message;
   },
 };
@@ -868,6 +931,8 @@ function createBaseTurnEndEvidence(): TurnEndEvidence {
     exitCode: undefined,
     nativeTurnId: "",
     errorMessage: "",
+    inputBytes: undefined,
+    outputBytes: undefined,
   };
 }
 
@@ -905,6 +970,12 @@ export const TurnEndEvidence: MessageFns<TurnEndEvidence> = {
     }
     if (message.errorMessage !== "") {
       writer.uint32(90).string(message.errorMessage);
+    }
+    if (message.inputBytes !== undefined) {
+      writer.uint32(96).int64(message.inputBytes);
+    }
+    if (message.outputBytes !== undefined) {
+      writer.uint32(104).int64(message.outputBytes);
     }
     return writer;
   },
@@ -1010,6 +1081,22 @@ export const TurnEndEvidence: MessageFns<TurnEndEvidence> = {
             message.errorMessage = reader.string();
             continue;
           }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.inputBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.outputBytes = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1071,6 +1158,16 @@ export const TurnEndEvidence: MessageFns<TurnEndEvidence> = {
         : isSet(object.error_message)
         ? globalThis.String(object.error_message)
         : "",
+      inputBytes: isSet(object.inputBytes)
+        ? globalThis.Number(object.inputBytes)
+        : isSet(object.input_bytes)
+        ? globalThis.Number(object.input_bytes)
+        : undefined,
+      outputBytes: isSet(object.outputBytes)
+        ? globalThis.Number(object.outputBytes)
+        : isSet(object.output_bytes)
+        ? globalThis.Number(object.output_bytes)
+        : undefined,
     };
   },
 
@@ -1109,6 +1206,12 @@ export const TurnEndEvidence: MessageFns<TurnEndEvidence> = {
     if (message.errorMessage !== "") {
       obj.errorMessage = message.errorMessage;
     }
+    if (message.inputBytes !== undefined) {
+      obj.inputBytes = Math.round(message.inputBytes);
+    }
+    if (message.outputBytes !== undefined) {
+      obj.outputBytes = Math.round(message.outputBytes);
+    }
     return obj;
   },
 
@@ -1128,6 +1231,8 @@ export const TurnEndEvidence: MessageFns<TurnEndEvidence> = {
     message.exitCode = object.exitCode ?? undefined;
     message.nativeTurnId = object.nativeTurnId ?? "";
     message.errorMessage = object.errorMessage ?? "";
+    message.inputBytes = object.inputBytes ?? undefined;
+    message.outputBytes = object.outputBytes ?? undefined;
     return message;
   },
 };
