@@ -15,7 +15,8 @@ const allowed = {
   docker: ['core', 'config', 'observability'],
   kube: ['core', 'config', 'observability'],
   'host-agent': ['core', 'gen', 'wire', 'config', 'observability', 'store', 'docker'],
-  'control-plane': ['core', 'gen', 'wire', 'config', 'observability', 'store', 'kube'],
+  // runner-sdk: RunTurn runs the SDK's own turn-end detectors server-side (one rule, R-S5).
+  'control-plane': ['core', 'gen', 'wire', 'config', 'observability', 'store', 'kube', 'runner-sdk'],
   api: ['core', 'gen', 'wire', 'config', 'observability', 'control-plane'],
   'runner-sdk': ['gen'],
   cli: ['core', 'gen', 'config', 'runner-sdk'],

@@ -237,6 +237,8 @@ async function scenario(fsync: FsyncPolicy, pki: TestPki): Promise<Scenario> {
       openGroup: (_call, cb) => cb({ code: grpc.status.UNIMPLEMENTED }),
       stopGroup: (_call, cb) => cb({ code: grpc.status.UNIMPLEMENTED }),
       getGroupState: (_call, cb) => cb({ code: grpc.status.UNIMPLEMENTED }),
+      exec: (call) => call.emit('error', { code: grpc.status.UNIMPLEMENTED }),
+      runTurn: (call) => call.emit('error', { code: grpc.status.UNIMPLEMENTED }),
       beginTurn: (_call, cb) => cb(null, beginAnswer),
       completeTurn: (_call, cb) => cb(null, completeAnswer),
     };

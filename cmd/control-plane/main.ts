@@ -106,6 +106,7 @@ async function main(): Promise<void> {
   const grpcHost = config.grpcHost.includes(':') ? `[${config.grpcHost}]` : config.grpcHost;
   const api = await ApiServer.start({
     runner: plane.runner,
+    exec: plane.exec,
     admin: createAdminHandlers(plane),
     address: `${grpcHost}:${config.grpcPort}`,
     security,

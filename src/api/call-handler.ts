@@ -244,3 +244,49 @@ export function serverStream<Req, Res>(
     })();
   };
 }
+
+/**
+ * Wraps a bidirectional-streaming handler (RunnerService.Exec): the handler reads the client's
+ * frames as an async iterable and yields its answers; each answer is written with the socket's
+ * backpressure respected (the next one is pulled only once the stream took it), so the handler
+ * can grant its producers credit exactly as fast as the client reads.
+ */
+export function bidiStream<Req, Res>(
+  deps: HandlerDeps,
+  method: string,
+  allowed: readonly PeerRole[],
+  handler: (requests: AsyncIterable<Req>, ctx: CallContext) => AsyncIterable<Res>,
+): grpc.handleBidiStreamingCall<Req, Res> {
+  return (call) => {
+    const startedAt = performance.now();
+    let opened: ReturnType<typeof open> | undefined;
+    const fail = (error: unknown): void => {
+      opened?.done();
+      const mapped = toMappedError(error);
+      logInternal(deps, method, error, mapped);
+      record(deps, method, opened?.ctx.peer ?? (error as { peer?: PeerIdentity }).peer, startedAt, mapped);
+      if (!call.cancelled) call.emit('error', toServiceError(mapped));
+    };
+    try {
+      // A duplex call has what open() reads of a call (deadline, cancellation, peer) in the same shape.
+      opened = open(deps, call as unknown as AnyCall, method, allowed);
+    } catch (error) {
+      fail(error);
+      return;
+    }
+    const { ctx } = opened;
+    void (async () => {
+      try {
+        for await (const item of handler(call as AsyncIterable<Req>, ctx)) {
+          if (ctx.signal.aborted) break;
+          if (!call.write(item)) await drainOrAbort(call as unknown as grpc.ServerWritableStream<unknown, unknown>, ctx.signal);
+        }
+        opened.done();
+        record(deps, method, ctx.peer, startedAt, undefined);
+        if (!call.cancelled) call.end();
+      } catch (error) {
+        fail(error);
+      }
+    })();
+  };
+}

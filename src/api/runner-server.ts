@@ -7,6 +7,7 @@
 import * as grpc from '@grpc/grpc-js';
 import { HealthImplementation } from 'grpc-health-check';
 import type { Registry } from 'prom-client';
+import type { ExecBackend } from '../core/exec-port.ts';
 import type { RunnerBackend } from '../core/runner-port.ts';
 import { AdminServiceService } from '../gen/sandboxfleet/v1/admin.ts';
 import {
@@ -26,6 +27,7 @@ import {
 import { silentLogger, type Logger } from '../observability/logger.ts';
 import { adminServiceImplementation, type AdminHandlers } from './admin-service.ts';
 import { unary, type HandlerDeps } from './call-handler.ts';
+import { execHandlers } from './exec-handlers.ts';
 import {
   beginTurnFromProto,
   beginTurnToProto,
@@ -68,6 +70,8 @@ export type TransportSecurity =
 
 export interface ApiServerOptions {
   readonly runner: RunnerBackend;
+  /** Exec and RunTurn (R-I9); when absent both answer UNIMPLEMENTED. */
+  readonly exec?: ExecBackend | undefined;
   /** Admin handlers from the control plane; when absent the admin service is not registered. */
   readonly admin?: Partial<AdminHandlers> | undefined;
   /** host:port; port 0 picks a free one. */
@@ -84,8 +88,9 @@ const RUNNER_ROLES: readonly PeerRole[] = ['runner', 'admin'];
 const RUNNER_MUTATION_ROLES: readonly PeerRole[] = ['runner'];
 
 /** The runner service: validate and map the request, call the backend, map the answer. */
-export function runnerServiceImplementation(deps: HandlerDeps, backend: RunnerBackend): RunnerServiceServer {
+export function runnerServiceImplementation(deps: HandlerDeps, backend: RunnerBackend, exec?: ExecBackend): RunnerServiceServer {
   return {
+    ...(exec !== undefined ? execHandlers(deps, exec, RUNNER_MUTATION_ROLES) : UNIMPLEMENTED_EXEC),
     openGroup: unary<OpenGroupRequest, OpenGroupResponse>(deps, 'RunnerService/OpenGroup', RUNNER_MUTATION_ROLES, async (request) => {
       const result = await backend.openGroup(openGroupFromProto(request));
       return { group: groupToProto(result.group), created: result.created };
@@ -104,6 +109,12 @@ export function runnerServiceImplementation(deps: HandlerDeps, backend: RunnerBa
     })),
   };
 }
+
+/** A server without an exec backend (tests of the turn API alone): Exec and RunTurn are not offered. */
+const UNIMPLEMENTED_EXEC: Pick<RunnerServiceServer, 'exec' | 'runTurn'> = {
+  exec: (call) => call.emit('error', { code: grpc.status.UNIMPLEMENTED, details: 'Exec is not served by this server' }),
+  runTurn: (call) => call.emit('error', { code: grpc.status.UNIMPLEMENTED, details: 'RunTurn is not served by this server' }),
+};
 
 /** Thrown at start for a configuration that would weaken authentication (R-R5). */
 export class InsecureConfigurationError extends Error {
@@ -164,7 +175,7 @@ export class ApiServer {
         ? ((roleCas) => (call: Parameters<HandlerDeps['identify']>[0]) => identityFromCertificate(call.getAuthContext()?.sslPeerCertificate, roleCas))(opts.security.mtls.roleCas)
         : () => LOCAL_DEV_IDENTITY,
     };
-    server.addService(RunnerServiceService, runnerServiceImplementation(deps, opts.runner));
+    server.addService(RunnerServiceService, runnerServiceImplementation(deps, opts.runner, opts.exec));
     const services = ['', RUNNER_SERVICE_NAME];
     if (opts.admin !== undefined) {
       server.addService(AdminServiceService, adminServiceImplementation(deps, opts.admin));

@@ -4,6 +4,20 @@ import { z } from 'zod';
 
 const port = z.coerce.number().int().min(0).max(65_535);
 const durationMs = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
+/** A JSON-valued variable: parsed when it parses; otherwise left as the string, which the schema then refuses. */
+function parseJsonEnv(v: unknown): unknown {
+  if (typeof v !== 'string' || v === '') return v === '' ? undefined : v;
+  try {
+    return JSON.parse(v) as unknown;
+  } catch {
+    return v;
+  }
+}
+const cliProfile = z.object({
+  binary: z.string().min(1).max(4096).regex(/^[^\0\s]+$/),
+  env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), z.string().max(32 * 1024)).refine((e) => Object.keys(e).length <= 64, 'at most 64 variables').default({}),
+  args: z.array(z.string().max(4096)).max(32).optional(),
+}).strict();
 /** Comma-separated list from an env var (empty entries dropped). */
 const csv = z.preprocess(
   (v) => (typeof v === 'string' ? v.split(',').map((s) => s.trim()).filter((s) => s.length > 0) : v),
@@ -96,6 +110,20 @@ export const ControlPlaneConfigSchema = z.object({
    * change announced it (controller-runtime's resync period). Changes, not this, drive the loops.
    */
   resyncIntervalMs: durationMs(10_000, 24 * 3_600_000).default(10 * 60_000),
+  /**
+   * How the fleet runs each CLI's turns itself (RunTurn, R-I9): per CLI kind, the binary inside the
+   * member container, extra environment (e.g. the model gateway's base URL) and fixed arguments.
+   * JSON in SANDBOXFLEET_CLI_PROFILES, e.g. {"claude_code":{"binary":"/opt/claude/claude","env":{}}}.
+   */
+  cliProfiles: z.preprocess(parseJsonEnv, z.object({
+    claude_code: cliProfile.optional(),
+    pi: cliProfile.optional(),
+  }).strict()).default({ claude_code: { binary: 'claude', env: {} }, pi: { binary: 'pi', env: {} } }),
+  /**
+   * The longest a turn run by the fleet (RunTurn) may stay in flight: past it, a turn whose driver
+   * went away (its replica restarted) is completed as not ended instead of blocking the member.
+   */
+  runTurnMaxMs: durationMs(60_000, 48 * 3_600_000).default(2 * 3_600_000),
   /** R-G5: restore attempts (each on another host) before LOST restore_failed. */
   restoreMaxAttempts: z.coerce.number().int().min(1).max(10).default(3),
   /** Groups migrated at once (bounded parallelism). */
@@ -174,6 +202,8 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     checkpointRefreshPerPass: env.SANDBOXFLEET_CHECKPOINT_REFRESH_PER_PASS,
     checkpointKeep: env.SANDBOXFLEET_CHECKPOINT_KEEP,
     lostRetentionMs: env.SANDBOXFLEET_LOST_RETENTION_MS,
+    cliProfiles: env.SANDBOXFLEET_CLI_PROFILES,
+    runTurnMaxMs: env.SANDBOXFLEET_RUN_TURN_MAX_MS,
     resyncIntervalMs: env.SANDBOXFLEET_RESYNC_INTERVAL_MS,
     restoreMaxAttempts: env.SANDBOXFLEET_RESTORE_MAX_ATTEMPTS,
     migrationParallelism: env.SANDBOXFLEET_MIGRATION_PARALLELISM,

@@ -11,6 +11,7 @@
 import type { NatsConnection } from '@nats-io/transport-node';
 import type { ControlPlaneConfig } from '../config/control-plane.ts';
 import type { RunnerBackend } from '../core/runner-port.ts';
+import type { ExecBackend } from '../core/exec-port.ts';
 import type { RemovalSource } from '../core/index.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
@@ -34,6 +35,8 @@ import { LeadershipRecordSchema, type GroupRecord, type HostRecord } from './rec
 import { GroupOps } from './group-ops.ts';
 import { ManifestDigestCache, collectCheckpoints, refreshCheckpoints } from './retention.ts';
 import { ControlPlaneRunnerBackend } from './runner-backend.ts';
+import { ExecRelay } from './exec-relay.ts';
+import { TurnRunner } from './turn-runner.ts';
 import { ProbeResponder } from './reverse-probe.ts';
 import { Keys, openRepositories, type ControlPlaneDeps, type Repositories } from './state.ts';
 
@@ -68,6 +71,8 @@ export class ControlPlane {
   readonly repos: Repositories;
   readonly fleet: FleetState;
   readonly runner: RunnerBackend;
+  /** Exec and RunTurn (R-I9): processes and whole turns in member containers, through the fleet. */
+  readonly exec: ExecBackend;
   readonly registry: HostRegistry;
   readonly controller: MigrationController;
   readonly liveness: LivenessLoop;
@@ -115,6 +120,9 @@ export class ControlPlane {
     };
     this.leader = opts.elector ?? new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
     this.runner = new ControlPlaneRunnerBackend(this.ctx);
+    const relay = new ExecRelay(this.ctx, opts.nc);
+    const turns = new TurnRunner(this.ctx, this.runner, relay);
+    this.exec = { exec: (input, signal) => relay.exec(input, signal), runTurn: (input, signal) => turns.runTurn(input, signal) };
     this.#groupOps = new GroupOps(this.ctx);
     const policy = policyFrom(this.ctx, opts.buildSha);
     this.registry = new HostRegistry(this.ctx, policy, opts.store.repository('hostLeases', HostLeasePolicySchema));

@@ -244,12 +244,22 @@ export class FleetState {
 
   // ---- notifications ----------------------------------------------------------------------------
 
-  onGroupChange(fn: Listener<GroupRecord>): void {
+  /** Call `fn` on every group change; returns the function that stops it. */
+  onGroupChange(fn: Listener<GroupRecord>): () => void {
     this.#groupListeners.push(fn);
+    return () => {
+      const i = this.#groupListeners.indexOf(fn);
+      if (i >= 0) this.#groupListeners.splice(i, 1);
+    };
   }
 
-  onHostChange(fn: Listener<HostRecord>): void {
+  /** Call `fn` on every host change; returns the function that stops it. */
+  onHostChange(fn: Listener<HostRecord>): () => void {
     this.#hostListeners.push(fn);
+    return () => {
+      const i = this.#hostListeners.indexOf(fn);
+      if (i >= 0) this.#hostListeners.splice(i, 1);
+    };
   }
 
   // ---- hosts ------------------------------------------------------------------------------------

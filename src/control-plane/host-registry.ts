@@ -35,6 +35,7 @@ import {
   type AttestationPolicy,
   type AttestationReason,
   type CopyVerdict,
+  type FencedNoticeReason,
   type GroupRecordView,
   type HostLifecycle,
   type RemovalSource,
@@ -404,7 +405,7 @@ export class HostRegistry {
     // its agent is restarted, like a cordoned node; a host declared DEAD (silence, lost data) or a
     // stale epoch registers again at once.
     const retired = host !== undefined && epoch === host.lifecycle.epoch && state === 'REMOVED' && host.lifecycle.goingAway !== undefined && PLANNED_SOURCES.has(host.lifecycle.goingAway);
-    const reason = host === undefined ? 'unknown_host' : epoch < host.lifecycle.epoch ? 'stale_epoch' : retired ? 'host_retired' : state === 'DEAD' ? 'host_dead' : state === 'REMOVED' ? 'host_removed' : 'stale_epoch';
+    const reason: FencedNoticeReason = host === undefined ? 'unknown_host' : epoch < host.lifecycle.epoch ? 'stale_epoch' : retired ? 'host_retired' : state === 'DEAD' ? 'host_dead' : state === 'REMOVED' ? 'host_removed' : 'stale_epoch';
     await this.ctx.events.record({
       subjectKind: 'host', subjectId: hostId, type: 'host_report_fenced', toState: state, reason, version: `${epoch}:${host?.lifecycle.epoch ?? 0}:${Math.floor(now / 60_000)}`,
       detail: { kind, reportedEpoch: epoch, currentEpoch: host?.lifecycle.epoch ?? 0 },

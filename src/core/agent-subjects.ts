@@ -37,7 +37,19 @@ export const AgentSubjects = {
   allNotices: 'sf.host.*.notice',
   /** Reverse probe callbacks (R-H7): the agent calls back the control plane on this subject. */
   probeCallback: (hostId: string) => `sf.probe.${token(hostId)}`,
+  /**
+   * A running exec's frames (R-I9): the agent publishes ExecAgentFrame on `.out`, the control plane
+   * publishes ExecControlFrame on `.in`. `execId` is the control plane's, [a-z0-9-]{8,64}.
+   */
+  execOut: (hostId: string, execId: string) => `sf.exec.${token(hostId)}.${execToken(execId)}.out`,
+  execIn: (hostId: string, execId: string) => `sf.exec.${token(hostId)}.${execToken(execId)}.in`,
 } as const;
+
+/** An exec id as one subject token: validated, never a wildcard or an empty token. */
+export function execToken(execId: string): string {
+  if (!/^[a-z0-9-]{8,64}$/.test(execId)) throw new RangeError(`not an exec id: ${JSON.stringify(execId.slice(0, 80))}`);
+  return execId;
+}
 
 /** Host id parsed from a per-host subject such as `sf.host.<id>.heartbeat`, or undefined. */
 export function hostIdFromSubject(subject: string): string | undefined {
@@ -100,6 +112,7 @@ export function hostPermissions(hostId: string): HostPermissions {
       `sf.host.${id}.heartbeat`,
       `sf.host.${id}.notice`,
       `sf.probe.${id}`,
+      `sf.exec.${id}.*.out`,
       `${chunkSubjectPrefix}*`,
       `${manifestSubjectPrefix}${id}.*.*`,
       // JetStream account info: the client checks JetStream is enabled before anything else.
@@ -107,7 +120,7 @@ export function hostPermissions(hostId: string): HostPermissions {
       ...readStream(chunks),
       ...readStream(manifests),
     ],
-    subscribe: [`sf.host.${id}.cmd`, `${hostInboxPrefix(hostId)}.>`],
+    subscribe: [`sf.host.${id}.cmd`, `sf.exec.${id}.*.in`, `${hostInboxPrefix(hostId)}.>`],
     allowResponses: true,
   };
 }

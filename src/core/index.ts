@@ -18,3 +18,4 @@ export * from './loss.ts';
 export * from './turn-end-evidence.ts';
 export * from './member-session.ts';
 export * from './host-copy.ts';
+export * from './turn-command.ts';

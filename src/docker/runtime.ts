@@ -10,6 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type Docker from 'dockerode';
 import { DockerRuntimeError, mapEngineError, statusCodeOf } from './errors.ts';
 import { Demuxer, demux, type DemuxedOutput } from './stream.ts';
+export { ExecFrameParser } from './stream.ts';
 
 /** Labels that identify a member container; the inventory is rebuilt from these (R-H3, R-H6). */
 export const LABELS = {
@@ -118,6 +119,13 @@ export interface ExecOptions {
   readonly timeoutMs?: number;
   /** Bytes kept per stream (stdout, stderr). */
   readonly maxOutputBytes?: number;
+}
+
+/** A started streaming exec (openExec). */
+export interface OpenExec {
+  readonly stream: import('node:stream').Duplex;
+  /** The exec as the engine sees it now: pid on the host, running, exit code once exited. */
+  state(): Promise<{ readonly running: boolean; readonly exitCode: number | null; readonly pid: number }>;
 }
 
 export interface ExecResult extends DemuxedOutput {
@@ -483,6 +491,37 @@ export class DockerRuntime {
       throw new DockerRuntimeError('unsupported_storage_driver', `container ${id} uses storage driver ${info.storageDriver || '(none)'}, not overlay2`);
     }
     return info.upperDir;
+  }
+
+  /**
+   * Start a streaming process in a running container (R-I9): the raw hijacked connection (Docker's
+   * multiplexed stdout/stderr frames one way — see ExecFrameParser in stream.ts — stdin the other;
+   * end() closes stdin), plus the exec's state (host pid, running, exit code) on demand. The caller
+   * owns flow control: pause() the stream to stop reading when its consumer is full.
+   */
+  async openExec(id: string, cmd: readonly string[], options: { env?: Readonly<Record<string, string>>; workingDir?: string; stdin: boolean }): Promise<OpenExec> {
+    checkArgs('cmd', cmd);
+    try {
+      const ex = await this.docker.getContainer(id).exec({
+        Cmd: [...cmd],
+        Env: envList(options.env),
+        WorkingDir: options.workingDir || undefined,
+        AttachStdin: options.stdin,
+        AttachStdout: true,
+        AttachStderr: true,
+        Tty: false,
+      });
+      const stream = (await ex.start({ hijack: true, stdin: options.stdin })) as unknown as import('node:stream').Duplex;
+      return {
+        stream,
+        state: async () => {
+          const st = await ex.inspect();
+          return { running: st.Running, exitCode: st.ExitCode, pid: st.Pid };
+        },
+      };
+    } catch (err) {
+      throw mapEngineError(err, `exec in ${id}`);
+    }
   }
 
   /** Run a command in a running container and capture its output and exit code (bounded). */

@@ -57,3 +57,39 @@ export function demux(buffer: Buffer, limit: number): DemuxedOutput {
   d.push(buffer);
   return d.result();
 }
+
+/**
+ * Streaming splitter of Docker's multiplexed exec stream for a long-lived process (R-I9): calls
+ * `onData(stream, bytes)` with payload pieces as they arrive — a frame's payload is passed on in the
+ * pieces the socket delivers, never gathered — so memory stays at one 8-byte header whatever the
+ * frame sizes. `stream` is 1 for stdout, 2 for stderr.
+ */
+export class ExecFrameParser {
+  readonly #header = Buffer.alloc(HEADER);
+  #headerHave = 0;
+  #kind = 1;
+  #remaining = 0;
+
+  constructor(private readonly onData: (stream: 1 | 2, bytes: Buffer) => void) {}
+
+  push(chunk: Buffer): void {
+    let at = 0;
+    while (at < chunk.length) {
+      if (this.#remaining === 0) {
+        const take = Math.min(HEADER - this.#headerHave, chunk.length - at);
+        chunk.copy(this.#header, this.#headerHave, at, at + take);
+        this.#headerHave += take;
+        at += take;
+        if (this.#headerHave < HEADER) return;
+        this.#headerHave = 0;
+        this.#kind = this.#header[0] === 2 ? 2 : 1;
+        this.#remaining = this.#header.readUInt32BE(4);
+        continue;
+      }
+      const take = Math.min(this.#remaining, chunk.length - at);
+      this.onData(this.#kind as 1 | 2, chunk.subarray(at, at + take));
+      this.#remaining -= take;
+      at += take;
+    }
+  }
+}

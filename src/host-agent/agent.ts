@@ -23,7 +23,8 @@ import { workerAuth } from '../store/nats-auth.ts';
 import { attest, type Attested } from './attestation.ts';
 import { CheckpointOps } from './checkpoint-ops.ts';
 import { CommandHandler } from './command-handler.ts';
-import { natsAuthOf, type HostAgentConfig } from './config.ts';
+import { ExecSessions } from './exec-sessions.ts';
+import { layerRestoreSettingsOf, natsAuthOf, type HostAgentConfig } from './config.ts';
 import { FenceState } from './fencing.ts';
 import { GroupOps } from './group-ops.ts';
 import { Heartbeater, type NoticeReport } from './heartbeat.ts';
@@ -66,6 +67,7 @@ export class HostAgent {
   private heartbeater: Heartbeater | undefined;
   private handler: CommandHandler | undefined;
   private health: HostHealth | undefined;
+  private execs: ExecSessions | undefined;
   private readonly inflight = new Set<Promise<void>>();
   private readonly abort = new AbortController();
   /** The group copies this host held at its last registration (the verdicts name them). */
@@ -135,13 +137,16 @@ export class HostAgent {
       bridgeVersion: () => this.attested?.provenBridgeVersion,
       nowMs: this.nowMs,
       logger: this.log,
+      layerRestore: layerRestoreSettingsOf(config),
     });
+    this.execs = new ExecSessions({ nc, hostId: config.hostId, runtime, logger: this.log, nowMs: this.nowMs });
     this.handler = new CommandHandler({
       nc,
       hostId: config.hostId,
       agentSha: config.agentSha,
       fence: this.fence,
       groups,
+      execs: this.execs,
       checkpoints,
       health: this.health,
       metrics: this.agentMetrics,
@@ -214,6 +219,8 @@ export class HostAgent {
   private onFenced(reportedEpoch: number, notice: FencedNotice): void {
     if (this.stateValue !== 'RUNNING' || this.fence.epoch !== reportedEpoch) return;
     this.fence.revoke();
+    // Processes started for the fenced epoch must not go on writing into layers.
+    this.execs?.cancelAll();
     this.agentMetrics.fencedNotices.inc({ reason: notice.reason.slice(0, 32) || 'unspecified' });
     if (notice.reason === 'host_retired') {
       // Drained or removed on purpose: stay out (no commands, no heartbeats) until restarted.
@@ -237,6 +244,7 @@ export class HostAgent {
     if (this.stateValue === 'STOPPED' || this.stateValue === 'STOPPING') return;
     this.stateValue = 'STOPPING';
     this.abort.abort();
+    this.execs?.cancelAll();
     const sub = this.sub;
     this.sub = undefined;
     // drain(): no new messages are delivered; the ones already received are still handled.

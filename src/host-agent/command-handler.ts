@@ -15,6 +15,7 @@ import type { HostHealth } from './host-health.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { CommandResultCache, KeyedLock } from './result-cache.ts';
 import { boundMessage } from './wire.ts';
+import type { ExecSessions } from './exec-sessions.ts';
 
 /** Commands are small; a restore manifest is the largest (bounded by core at ~960 KiB). */
 export const MAX_COMMAND_BYTES = 1024 * 1024;
@@ -28,6 +29,8 @@ export interface CommandHandlerDeps {
   readonly agentSha: string;
   readonly fence: FenceState;
   readonly groups: GroupOps;
+  /** Processes in member containers for the control plane (R-I9). */
+  readonly execs: ExecSessions;
   readonly checkpoints: CheckpointOps;
   readonly health: HostHealth;
   readonly metrics: AgentMetrics;
@@ -151,6 +154,9 @@ export class CommandHandler {
         deps.fence.observe(groupId, gen);
         return { payload: { $case: 'restore', value } };
       }
+      case 'execStart':
+        // Returns once the process runs; its bytes flow on the exec's own subjects (exec-sessions.ts).
+        return { payload: { $case: 'execStart', value: await deps.execs.start(c.value, gen) } };
       case 'deleteGroup':
         // Only this placement and older ones: a delete decided about a placement never reaches a newer one (R-R6).
         return { payload: { $case: 'deleteGroup', value: { removedContainerIds: await deps.groups.delete(groupId, gen) } } };

@@ -59,6 +59,10 @@ export class FleetMetrics {
   readonly readModelRecords: Gauge<'bucket' | 'validity'>;
   /** Verdicts on a registering host's group copies (keep/stop/delete), by reason. */
   readonly hostCopyVerdicts: Counter<'action' | 'reason'>;
+  /** Execs through the fleet by how they ended (exited, cancelled, deadline, output_limit, host_fenced, …). */
+  readonly execs: Counter<'end'>;
+  /** Turns run by the fleet (RunTurn) by CLI and how they ended (succeeded, failed, not_ended). */
+  readonly runTurns: Counter<'cli' | 'ended'>;
   /** Keys waiting in a reconciler's queue, and reconciles by result. */
   readonly reconcileQueueDepth: Gauge<'queue'>;
   readonly reconciles: Counter<'queue' | 'result'>;
@@ -96,6 +100,8 @@ export class FleetMetrics {
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
     this.gcPasses = new Counter({ name: 'sandboxfleet_checkpoint_gc_passes_total', help: 'Checkpoint GC passes, by result (swept, deferred while a checkpoint was in progress, idle)', labelNames: ['result'], registers });
     this.gcDeleted = new Counter({ name: 'sandboxfleet_checkpoint_gc_deleted_total', help: 'Checkpoints and chunks deleted by checkpoint GC', labelNames: ['kind'], registers });
+    this.execs = new Counter({ name: 'sandboxfleet_execs_total', help: 'Processes run in member containers through the fleet, by how they ended', labelNames: ['end'], registers });
+    this.runTurns = new Counter({ name: 'sandboxfleet_run_turns_total', help: 'Turns run by the fleet (RunTurn), by CLI kind and how they ended', labelNames: ['cli', 'ended'], registers });
     this.readModelLag = new Gauge({ name: 'sandboxfleet_read_model_lag_revisions', help: 'Revisions the read model is behind its buckets at the last check (0: caught up)', registers });
     this.readModelRecords = new Gauge({ name: 'sandboxfleet_read_model_records', help: 'Records in the read model by bucket, and records kept aside as invalid', labelNames: ['bucket', 'validity'], registers });
     this.hostCopyVerdicts = new Counter({ name: 'sandboxfleet_host_copy_verdicts_total', help: 'Verdicts on group copies a registering host holds (keep, stop, delete), by reason', labelNames: ['action', 'reason'], registers });

@@ -15,9 +15,11 @@ import {
   type CompleteTurnResponse,
   type GetGroupStateResponse,
   type OpenGroupResponse,
+  type RunTurnResponse,
   type StopGroupResponse,
   type TurnEndEvidence as WireTurnEndEvidence,
 } from '../gen/sandboxfleet/v1/runner.ts';
+import { ExecStream, type ExecExit, type ExecRequest, type ExecResponse, type ExecStarted } from '../gen/sandboxfleet/v1/exec.ts';
 import { MAX_ERROR_CHARS, type CliKind, type EndKind, type TurnEndEvidence } from './evidence.ts';
 
 export const ERROR_DETAIL_TYPE_URL = 'type.googleapis.com/sandboxfleet.v1.ErrorDetail';
@@ -124,6 +126,9 @@ export interface DriverFacts {
    */
   readonly exitConfirmed?: boolean;
   readonly exitCode?: number;
+  /** Bytes the driver sent the CLI for this turn (its prompt), and read back from it: recorded with the turn's evidence. */
+  readonly inputBytes?: number;
+  readonly outputBytes?: number;
 }
 
 /**
@@ -147,6 +152,8 @@ export function completeTurnEvidence(evidence: TurnEndEvidence, facts: DriverFac
       exitCode: facts.exitConfirmed ? facts.exitCode : undefined,
       nativeTurnId: evidence.nativeTurnId ?? '',
       errorMessage: (evidence.error ?? '').slice(0, MAX_ERROR_CHARS),
+      ...(facts.inputBytes !== undefined ? { inputBytes: facts.inputBytes } : {}),
+      ...(facts.outputBytes !== undefined ? { outputBytes: facts.outputBytes } : {}),
     },
   };
 }
@@ -193,6 +200,11 @@ export interface CallOptions {
 export interface OpenGroupArgs {
   readonly conversationId: string;
   readonly members: readonly { readonly memberId: string; readonly cli: CliKind }[];
+  /**
+   * The conversation's group is LOST: start the conversation anew in a new, empty group. Without
+   * it, opening a LOST conversation is refused `conversation_lost` (a LOST conversation stays loud).
+   */
+  readonly startAnew?: boolean;
 }
 
 export interface BeginTurnArgs {
@@ -217,7 +229,89 @@ export interface StopGroupArgs {
 
 export type GetGroupStateArgs = { readonly groupId: string } | { readonly conversationId: string };
 
-export type { BeginTurnResponse, CompleteTurnResponse, ContextState, GetGroupStateResponse, OpenGroupResponse, StopGroupResponse, WireTurnEndEvidence };
+export interface RunTurnArgs {
+  readonly groupId: string;
+  readonly memberId: string;
+  readonly prompt: string;
+  /** Omit to resume the saved locator (R-S3). */
+  readonly locator?: string;
+  readonly model?: string;
+}
+
+export interface ExecArgs {
+  readonly groupId: string;
+  readonly memberId: string;
+  readonly argv: readonly string[];
+  readonly env?: Readonly<Record<string, string>>;
+  readonly workingDir?: string;
+  /** Attach stdin (then `write` and `closeStdin`). */
+  readonly stdin?: boolean;
+  readonly timeoutMs?: number;
+  readonly outputLimitBytes?: number;
+  /** The placement generation you believe in (e.g. BeginTurn's); another one is refused. */
+  readonly expectedGeneration?: number;
+  readonly cancelGraceMs?: number;
+}
+
+export type ExecOutputEvent =
+  | { readonly kind: 'stdout' | 'stderr'; readonly data: Buffer }
+  | { readonly kind: 'exit'; readonly exit: ExecExit };
+
+/** A running Exec: its placement, its output, its stdin. */
+export class ExecHandle {
+  #credit = 0;
+  #creditWaiters: (() => void)[] = [];
+
+  constructor(
+    private readonly call: grpc.ClientDuplexStream<ExecRequest, ExecResponse>,
+    private readonly frames: AsyncIterator<ExecResponse>,
+    readonly started: ExecStarted,
+  ) {}
+
+  /** Output chunks as the process writes them, then its exit. Throws RunnerError on a refusal or a lost host. */
+  async *output(): AsyncIterable<ExecOutputEvent> {
+    try {
+      for (let r = await this.frames.next(); r.done !== true; r = await this.frames.next()) {
+        const f = r.value.frame;
+        if (f === undefined) continue;
+        if (f.$case === 'output') yield { kind: f.value.stream === ExecStream.STDERR ? 'stderr' : 'stdout', data: f.value.data };
+        else if (f.$case === 'stdinCredit') {
+          this.#credit += f.value;
+          for (const w of this.#creditWaiters.splice(0)) w();
+        } else if (f.$case === 'exit') yield { kind: 'exit', exit: f.value };
+      }
+    } catch (error) {
+      throw toRunnerError(error);
+    }
+  }
+
+  /** Send stdin, waiting for the fleet's credit (read `output()` meanwhile: credits arrive there). */
+  async write(bytes: Uint8Array): Promise<void> {
+    for (let at = 0; at < bytes.length;) {
+      while (this.#credit === 0) await new Promise<void>((r) => this.#creditWaiters.push(r));
+      const n = Math.min(this.#credit, bytes.length - at, 128 * 1024);
+      this.#credit -= n;
+      this.call.write({ frame: { $case: 'stdin', value: Buffer.from(bytes.subarray(at, at + n)) } });
+      at += n;
+    }
+  }
+
+  closeStdin(): void {
+    this.call.write({ frame: { $case: 'closeStdin', value: true } });
+  }
+
+  /** SIGINT now, SIGTERM after the grace, SIGKILL after twice the grace. */
+  cancel(graceMs = 0): void {
+    this.call.write({ frame: { $case: 'cancel', value: { graceMs } } });
+  }
+
+  /** Give up the call (the fleet cancels the process). */
+  close(): void {
+    this.call.cancel();
+  }
+}
+
+export type { BeginTurnResponse, CompleteTurnResponse, ContextState, ExecExit, ExecStarted, GetGroupStateResponse, OpenGroupResponse, RunTurnResponse, StopGroupResponse, WireTurnEndEvidence };
 
 type Unary<Req, Res> = (request: Req, metadata: grpc.Metadata, options: Partial<grpc.CallOptions>, callback: (error: grpc.ServiceError | null, response: Res) => void) => grpc.ClientUnaryCall;
 
@@ -254,6 +348,7 @@ export class RunnerClient {
       idempotencyKey,
       conversationId: args.conversationId,
       members: args.members.map((m) => ({ memberId: m.memberId, kind: CLI_TO_PROTO[m.cli] ?? ProtoCliKind.UNSPECIFIED })),
+      ...(args.startAnew === true ? { startAnew: true } : {}),
     }));
   }
 
@@ -291,6 +386,57 @@ export class RunnerClient {
   getGroupState(args: GetGroupStateArgs, options: CallOptions = {}): Promise<GetGroupStateResponse> {
     const request = 'groupId' in args ? { groupId: args.groupId, conversationId: '' } : { groupId: '', conversationId: args.conversationId };
     return this.#call(this.#client.getGroupState.bind(this.#client) as Unary<never, GetGroupStateResponse>, options, request, undefined);
+  }
+
+  /**
+   * A whole turn through the fleet (R-I9): the fleet begins it, runs the member's CLI with `prompt`,
+   * detects its end and completes it. Yields the stream's events as they come — `begun` first, then
+   * the CLI's own event lines (`cliEvent`, JSON bytes) and stderr, and `end` last. Not retried: repeat
+   * the call with the same `idempotencyKey` (options) to get the end of a turn whose stream broke.
+   */
+  async *runTurn(args: RunTurnArgs, options: CallOptions & { readonly timeoutMs?: number } = {}): AsyncIterable<RunTurnResponse> {
+    const idempotencyKey = options.idempotencyKey ?? randomUUID();
+    const deadline = Date.now() + (options.deadlineMs ?? Math.max(this.#deadlineMs, (options.timeoutMs ?? 0) + 10_000));
+    const call = this.#client.runTurn({
+      idempotencyKey, groupId: args.groupId, memberId: args.memberId, prompt: args.prompt, model: args.model ?? '', timeoutMs: options.timeoutMs ?? 0,
+      ...(args.locator !== undefined ? { locator: args.locator } : {}),
+    }, new grpc.Metadata(), { deadline });
+    const onAbort = (): void => call.cancel();
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      for await (const event of call as AsyncIterable<RunTurnResponse>) yield event;
+    } catch (error) {
+      throw toRunnerError(error, idempotencyKey);
+    } finally {
+      options.signal?.removeEventListener('abort', onAbort);
+      call.cancel();
+    }
+  }
+
+  /**
+   * A process in a member container on its current placement (R-I9): no Docker access needed.
+   * Returns once the fleet started it (`started` says where). Read `output()`: stdout/stderr chunks,
+   * then the exit; reading slowly slows the process (flow control end to end). `write` waits for the
+   * fleet's stdin credit.
+   */
+  async exec(args: ExecArgs, options: { readonly deadlineMs?: number; readonly signal?: AbortSignal } = {}): Promise<ExecHandle> {
+    const deadline = options.deadlineMs !== undefined ? Date.now() + options.deadlineMs : Infinity;
+    const call = this.#client.exec(new grpc.Metadata(), deadline === Infinity ? {} : { deadline });
+    options.signal?.addEventListener('abort', () => call.cancel(), { once: true });
+    const frames = (call as AsyncIterable<ExecResponse>)[Symbol.asyncIterator]();
+    call.write({ frame: { $case: 'start', value: {
+      groupId: args.groupId, memberId: args.memberId, argv: [...args.argv], env: Object.entries(args.env ?? {}).map(([name, value]) => ({ name, value })),
+      workingDir: args.workingDir ?? '', stdin: args.stdin ?? false, timeoutMs: args.timeoutMs ?? 0, outputLimitBytes: args.outputLimitBytes ?? 0,
+      expectedGeneration: args.expectedGeneration ?? 0, cancelGraceMs: args.cancelGraceMs ?? 0,
+    } } });
+    let first: IteratorResult<ExecResponse>;
+    try {
+      first = await frames.next();
+    } catch (error) {
+      throw toRunnerError(error);
+    }
+    if (first.done === true || first.value.frame?.$case !== 'started') throw new RunnerError({ code: grpc.status.INTERNAL, message: 'Exec answered without ExecStarted', reason: 'malformed' });
+    return new ExecHandle(call, frames, first.value.frame.value);
   }
 
   /** Waits until the channel is connected (or the deadline passes). */

@@ -4,6 +4,7 @@
 export * from './detectors/index.ts';
 export * from './evidence.ts';
 export {
+  ExecHandle,
   RunnerClient,
   RunnerError,
   completeTurnEvidence,
@@ -18,6 +19,12 @@ export {
   type CompleteTurnResponse,
   type ContextState,
   type DriverFacts,
+  type ExecArgs,
+  type ExecExit,
+  type ExecOutputEvent,
+  type ExecStarted,
+  type RunTurnArgs,
+  type RunTurnResponse,
   type GetGroupStateArgs,
   type GetGroupStateResponse,
   type OpenGroupArgs,

@@ -1,6 +1,6 @@
 // NATS connection and the StateStore: the one place that declares every KV bucket and the event
 // stream with EXPLICIT settings (file storage, replicas, history, value bounds, discard policy)
-// and creates-or-verifies them at startup (SPEC §1 "State"; R3 in production, R1 locally).
+// and creates-or-verifies them at startup (R-A3; R3 in production, R1 locally).
 // Services get typed repositories from it. Checkpoint data lives in chunk-store.ts's streams.
 import { jetstream, jetstreamManager, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';

@@ -325,7 +325,7 @@ export class SeamBackend implements RunnerBackend {
   async #reopen(groupId: string, wanted: string): Promise<{ group: GroupView; created: boolean }> {
     const { record, revision } = await this.#readGroup(groupId);
     const have = record.members.map((m) => `${m.memberId}:${m.cli}`).sort().join(',');
-    if (have !== wanted) throw new InvalidArgument('malformed', 'members differ from the existing group', { details: { field: 'members', groupId } });
+    if (have !== wanted) throw new InvalidArgument('member_set_mismatch', 'members differ from the existing group', { details: { field: 'members', groupId } });
     return { group: this.#view(record, revision), created: false };
   }
 

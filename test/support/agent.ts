@@ -187,6 +187,8 @@ function configInput(s: AgentSetup): HostAgentConfigInput {
     heartbeatIntervalMs: 500,
     registerMaxBackoffMs: 1000,
     logLevel: 'silent',
+    // Each test host its own chunk cache, removed with the host's directory.
+    layerCacheDir: `${s.host.dir}/chunk-cache`,
     ...s.overrides,
   };
 }
@@ -241,6 +243,7 @@ export function spawnAgent(s: AgentSetup): ChildAgent {
     SANDBOXFLEET_IMAGE_REF: c.imageRef,
     SANDBOXFLEET_AGENT_SHA: c.agentSha,
     SANDBOXFLEET_HEARTBEAT_INTERVAL_MS: String(c.heartbeatIntervalMs),
+    ...(c.layerCacheDir !== undefined ? { SANDBOXFLEET_LAYER_CACHE_DIR: c.layerCacheDir } : {}),
     LOG_LEVEL: 'info',
     // Several agents share this machine: let each ops listener take a free port.
     SANDBOXFLEET_HTTP_PORT: '0',

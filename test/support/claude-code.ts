@@ -1,8 +1,8 @@
-// The pinned Claude Code CLI (R-S6: 2.1.220) for the request-history regression tests (SPEC §7.1);
+// The pinned Claude Code CLI (R-S6: 2.1.220) for the request-history regression tests (R-P1);
 // it talks to the loopback fake Messages API of fake-model-api.ts (no credentials, no cost).
 // The CLI is the real linux-x64 binary from the npm registry, checked against its pinned integrity
 // and cached; it is put into a sandbox image with the glibc libraries it links, taken from this
-// machine (FACTS.md: librt, libc, libpthread, libdl, libm, ld-linux-x86-64).
+// machine (docs/measured-facts.md: librt, libc, libpthread, libdl, libm, ld-linux-x86-64).
 import { realpathSync } from 'node:fs';
 import { npmPackedFile } from './npm-binary.ts';
 import type { ExtraFile } from './sandbox-image.ts';
@@ -28,7 +28,7 @@ export function claudeCodeImageFiles(): ExtraFile[] {
   ];
 }
 
-/** What the CLI needs to talk to the fake only, and nothing else (FACTS.md). */
+/** What the CLI needs to talk to the fake only, and nothing else (docs/measured-facts.md). */
 export function claudeCodeEnv(apiUrl: string): Record<string, string> {
   return {
     ANTHROPIC_BASE_URL: apiUrl,

@@ -1,4 +1,4 @@
-// The pinned Codex CLI for the request-history regression tests (SPEC §7.1): the statically linked
+// The pinned Codex CLI for the request-history regression tests (R-P1): the statically linked
 // linux-x64 (musl) binary from the npm registry, verified and cached (npm-binary.ts). It reaches the
 // loopback fake's Responses API through a custom model provider in ~/.codex/config.toml.
 import { npmPackedFile } from './npm-binary.ts';

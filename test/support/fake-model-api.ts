@@ -1,8 +1,7 @@
 // A loopback fake of the Anthropic Messages API (and of the OpenAI Responses API, for Codex) for
-// the pinned-CLI request-history tests (SPEC
-// §7.1): no credentials, no cost, and every request body recorded so a test can compare what the
+// the pinned-CLI request-history tests (R-P1): no credentials, no cost, and every request body recorded so a test can compare what the
 // model API RECEIVED turn after turn (user and assistant text, roles, order, duplicates).
-// `sandboxctl preflight` (SPEC §7.3) scripts it from the whole message list and makes it misbehave:
+// `sandboxctl preflight` (R-P3) scripts it from the whole message list and makes it misbehave:
 // a thinking block, a stream cut before message_stop, an SSE error event, a malformed event, an
 // HTTP error status (see ScriptedReply).
 import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Server, type ServerResponse } from 'node:http';

@@ -1,5 +1,5 @@
 // Test helper: a real nats-server (JetStream, fsync always) in a fresh temp dir, plus a
-// connection factory. Integration tests use this instead of any mock (see STYLE.md).
+// connection factory. Integration tests use this instead of any mock (tests run real parts; a fake only at a named seam).
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';

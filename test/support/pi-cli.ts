@@ -1,5 +1,5 @@
 // The pinned Pi coding agent (@mariozechner/pi-coding-agent) for the request-history regression
-// tests (SPEC §7.1): a Node.js CLI, installed once from the npm registry into a cache (npm checks
+// tests (R-P1): a Node.js CLI, installed once from the npm registry into a cache (npm checks
 // every package against the registry's integrity) and put into a sandbox image with this machine's
 // `node` and the libraries it links. It talks to the loopback fake Messages API through a custom
 // provider in ~/.pi/agent/models.json (its documented way to reach a gateway).

@@ -162,7 +162,11 @@ describe('grpc-js service definitions (R-I1)', () => {
       '/sandboxfleet.v1.RunnerService/CompleteTurn',
       '/sandboxfleet.v1.RunnerService/StopGroup',
       '/sandboxfleet.v1.RunnerService/GetGroupState',
+      '/sandboxfleet.v1.RunnerService/Exec',
+      '/sandboxfleet.v1.RunnerService/RunTurn',
     ]);
+    expect(RunnerServiceService.exec).toMatchObject({ requestStream: true, responseStream: true });
+    expect(RunnerServiceService.runTurn).toMatchObject({ requestStream: false, responseStream: true });
     expect(Object.values(AdminServiceService).map((m) => m.path)).toEqual(
       ['ListHosts', 'GetHost', 'DrainHost', 'RemoveHost', 'ListGroups', 'GetGroup', 'MigrateGroup', 'DestroyGroup', 'ListCheckpoints', 'Verify', 'ListEvents'].map(
         (name) => `/sandboxfleet.v1.AdminService/${name}`,
@@ -182,6 +186,8 @@ describe('grpc-js service definitions (R-I1)', () => {
       openGroup: unimplemented,
       stopGroup: unimplemented,
       getGroupState: unimplemented,
+      exec: (call) => call.emit('error', { code: grpc.status.UNIMPLEMENTED }),
+      runTurn: (call) => call.emit('error', { code: grpc.status.UNIMPLEMENTED }),
       beginTurn: (call, callback) => {
         callback(null, BeginTurnResponse.create({ turnId: `turn-of-${call.request.memberId}`, contextState: ContextState.RESTORED, locator: call.request.locator ?? 'saved', placementGeneration: 2 }));
       },

@@ -223,7 +223,7 @@ describe('reflection stream (grpc-js client)', () => {
     expect(code).toBe(grpc.status.OK);
     expect(responses.map(fileNames)).toEqual([
       ['sandboxfleet/v1/common.proto'],
-      ['sandboxfleet/v1/admin.proto', 'sandboxfleet/v1/agent.proto'],
+      ['sandboxfleet/v1/admin.proto', 'sandboxfleet/v1/agent.proto', 'sandboxfleet/v1/exec.proto'],
       ['sandboxfleet/v1/common.proto'],
     ]);
     const served = responses.flatMap((r) => (r.fileDescriptorResponse as { fileDescriptorProto: string[] }).fileDescriptorProto.map((b64) => Buffer.from(b64, 'base64')));
@@ -252,7 +252,7 @@ describe('reflection stream (grpc-js client)', () => {
     expect((list?.listServicesResponse as { service: { name: string }[] }).service.map((s) => s.name)).toEqual(SERVICES);
     for (const r of [symbol, file, extension, unknownType]) expect((r?.errorResponse as { errorCode: number }).errorCode).toBe(grpc.status.NOT_FOUND);
     expect(numbers?.allExtensionNumbersResponse).toEqual({ baseTypeName: 'sandboxfleet.v1.ErrorDetail' });
-    expect(fileNames(method!)).toEqual(['sandboxfleet/v1/runner.proto', 'sandboxfleet/v1/common.proto']);
+    expect(fileNames(method!)).toEqual(['sandboxfleet/v1/runner.proto', 'sandboxfleet/v1/common.proto', 'sandboxfleet/v1/exec.proto']);
   });
 
   it('answers a long burst to a slow reader on one stream, in order (the server stops reading while its writes wait)', async () => {

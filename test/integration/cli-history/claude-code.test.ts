@@ -1,4 +1,4 @@
-// Request-history regression with the PINNED native CLI (SPEC §7.1, R-S1..R-S6, R-G3, R-G5): the
+// Request-history regression with the PINNED native CLI (R-P1, R-S1..R-S6, R-G3, R-G5): the
 // real Claude Code 2.1.220 binary runs in member containers and talks to a loopback fake of the
 // Messages API (no credentials, no cost); the runner side is the runner SDK (its Claude Code
 // turn-end detector and gRPC client over mTLS) against the real control plane, NATS, host agents

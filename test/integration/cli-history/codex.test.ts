@@ -1,4 +1,4 @@
-// Request-history regression with the PINNED Codex CLI (SPEC §7.1, R-S1..R-S3, R-G3, R-G5): the real
+// Request-history regression with the PINNED Codex CLI (R-P1, R-S1..R-S3, R-G3, R-G5): the real
 // statically linked Codex 0.171.0 binary runs in member containers (`codex exec --json`, resumed
 // with `codex exec resume <thread id>`), reaching the loopback fake's Responses API through a
 // custom provider, against the real control plane, NATS, agents and dockerd hosts over the runner

@@ -4,6 +4,7 @@
 // client, and the fake. host-b's agent is started by `drainToHostB`, the migration step.
 import { expect } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
+import type { ControlPlaneConfig } from '../../../src/config/control-plane.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
 import { ContextState } from '../../../src/gen/sandboxfleet/v1/common.ts';
@@ -36,7 +37,11 @@ export interface HistoryFleet {
   cleanup(): Promise<void>;
 }
 
-export async function startHistoryFleet(image: SandboxImageSpec): Promise<HistoryFleet> {
+/**
+ * `config`: control-plane settings that depend on the fake's URL — e.g. the CLI profiles RunTurn
+ * runs the CLIs with (binary, and the environment that points them at the fake).
+ */
+export async function startHistoryFleet(image: SandboxImageSpec, options: { config?: (apiUrl: string) => Partial<ControlPlaneConfig> } = {}): Promise<HistoryFleet> {
   const api = await startFakeModelApi(ackMarker);
   let fleet: Fleet | undefined;
   let pki: TestPki | undefined;
@@ -50,12 +55,12 @@ export async function startHistoryFleet(image: SandboxImageSpec): Promise<Histor
     await api.close();
   };
   try {
-    [fleet, pki] = await Promise.all([startFleet(2, {}, { image }), createTestPki()]);
+    [fleet, pki] = await Promise.all([startFleet(2, options.config?.(api.url) ?? {}, { image }), createTestPki()]);
     const f = fleet;
     const plane = await f.startPlane();
     await f.startAgentOn('host-a', 0, AGENT);
     await f.waitFor('host-a READY', async () => ((await f.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
-    server = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
+    server = await ApiServer.start({ runner: plane.runner, exec: plane.exec, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
     const client = new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key }, deadlineMs: 120_000 });
     runner = client;
     const h: HistoryFleet = {

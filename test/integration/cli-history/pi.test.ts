@@ -1,4 +1,4 @@
-// Request-history regression with the PINNED Pi coding agent (SPEC §7.1, R-S1..R-S5, R-G3, R-G5):
+// Request-history regression with the PINNED Pi coding agent (R-P1, R-S1..R-S5, R-G3, R-G5):
 // the real @mariozechner/pi-coding-agent 0.73.1 (Node.js) runs in member containers in
 // `--mode json -p`, reaching the loopback fake Messages API through a custom provider; the runner
 // side is the runner SDK (its Pi turn-end detector: `agent_end` + the last assistant stopReason,

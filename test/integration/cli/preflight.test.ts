@@ -1,4 +1,4 @@
-// END TO END for `sandboxctl preflight` (SPEC §7.3): the real binary (child process through the
+// END TO END for `sandboxctl preflight` (R-P3): the real binary (child process through the
 // launcher cmd/sandboxctl/sandboxctl.mjs) against the loopback fake Messages API
 // (test/support/fake-model-api.ts) over real HTTP, nothing mocked. The fake answers from the whole
 // message list, like a model that reads its history: a correct gateway passes all 15 calls with

@@ -24,7 +24,7 @@ beforeAll(async () => {
   old = await provisionSandboxImage(docker, { bridgeVersion: 3 });
   lying = await provisionSandboxImage(docker, { bridgeVersion: 4, helperVersion: 3 });
   noHelper = await provisionSandboxImage(docker, { bridgeVersion: 4, helperVersion: null });
-  // The helper's documented form (SPEC R-H2, proto BridgeAttestation.helper_output).
+  // The helper's documented form (R-H2, proto BridgeAttestation.helper_output).
   named = await provisionSandboxImage(docker, { bridgeVersion: 4, helperOutput: 'http-agent-live-bridge=4\n', tagSuffix: 'named' });
   // The right line followed by more text: not one line, so not a version.
   chatty = await provisionSandboxImage(docker, { bridgeVersion: 4, helperOutput: 'http-agent-live-bridge=4\nready\n', tagSuffix: 'chatty' });

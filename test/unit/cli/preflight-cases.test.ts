@@ -1,4 +1,4 @@
-// The pure half of `sandboxctl preflight` (SPEC §7.3): case definitions (fresh markers, facts only
+// The pure half of `sandboxctl preflight` (R-P3): case definitions (fresh markers, facts only
 // in history), the SSE reader of a Messages stream (chunking anywhere, CRLF, comments, thinking,
 // truncation, error events, malformed data) and the verdict rules (old fact → missing_fact,
 // "can't see history" phrasing only where there is history, leaks, inventions, thinking never a

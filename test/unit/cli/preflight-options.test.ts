@@ -1,4 +1,4 @@
-// `sandboxctl preflight` option parsing (SPEC §7.3): the gateway URL (http(s) only, no credentials,
+// `sandboxctl preflight` option parsing (R-P3): the gateway URL (http(s) only, no credentials,
 // query or fragment, a path prefix kept), model ids, bounded integers, and the key redactor.
 import { describe, expect, it } from 'vitest';
 import { UsageError } from '../../../src/cli/connection.ts';

@@ -2,7 +2,7 @@
 // observed locators, failures, disconnects, timeouts), process exits, container loss, clean and
 // unclean stops, checkpoints, planned migrations and unplanned host losses with failing restores.
 // A small explicit model predicts every decision independently of src/core, and the safety
-// invariants of SPEC R-S1..R-S8, R-G2, R-G4, R-G6 and R-R1/R-R2 are checked after every step.
+// invariants of R-S1..R-S8, R-G2, R-G4, R-G6 and R-R1/R-R2 are checked after every step.
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
 import {

@@ -1,4 +1,4 @@
-// The live-bridge helper's `--version` line (R-H2): `http-agent-live-bridge=<n>` (the form the SPEC
+// The live-bridge helper's `--version` line (R-H2): `http-agent-live-bridge=<n>` (the form R-H2
 // and the proto describe) or a bare `<n>`, on exactly one line of bounded length. Anything else is
 // refused with a reason, never read as a version.
 import fc from 'fast-check';

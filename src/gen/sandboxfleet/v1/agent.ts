@@ -12,6 +12,7 @@ import {
   hostStateFromJSON,
   hostStateToJSON,
 } from "./common.ts";
+import { EnvVar, ExecCancel, ExecExit, ExecOutput } from "./exec.ts";
 
 export const protobufPackage = "sandboxfleet.v1";
 
@@ -532,6 +533,66 @@ export interface AgentCommand {
     | { $case: "probe"; value: ProbeCommand }
     | { $case: "restartMember"; value: RestartMemberCommand }
     | { $case: "fenced"; value: FencedNotice }
+    | { $case: "execStart"; value: ExecStartCommand }
+    | undefined;
+}
+
+/**
+ * Start a process in a member container (R-I9). Fenced like every group command (epoch,
+ * generation); the agent also checks that `container_id` is this member's container at this
+ * generation and that it runs. The bytes then flow on plain NATS subjects of this exec
+ * (AgentSubjects.execOut / execIn): a lost frame shows as a gap in `seq` and ends the exec.
+ */
+export interface ExecStartCommand {
+  groupId: string;
+  memberId: string;
+  /** The control plane's id for the session, [a-z0-9-]{8,64}: it names the subjects. */
+  execId: string;
+  containerId: string;
+  argv: string[];
+  env: EnvVar[];
+  workingDir: string;
+  stdin: boolean;
+  /** Output bytes the agent may send before the first credit (bounded by the agent too). */
+  outputWindowBytes: number;
+  /** Cancel the process when the control plane has been silent this long (it sends keepalives). */
+  idleTimeoutMs: number;
+  cancelGraceMs: number;
+}
+
+export interface ExecStartResult {
+  execId: string;
+  containerId: string;
+  /** The container's start time: with its id, the incarnation the process runs in. */
+  startedAtUnixMs: number;
+}
+
+/** Agent → control plane, on AgentSubjects.execOut(host, exec_id). */
+export interface ExecAgentFrame {
+  execId: string;
+  /** 1, 2, 3, ... per direction; a gap means a frame was lost. */
+  seq: number;
+  frame?: { $case: "output"; value: ExecOutput } | { $case: "exit"; value: ExecExit } | //
+  /** The control plane may send this many more stdin bytes. */
+  { $case: "stdinCredit"; value: number } | //
+  /** The exec failed on the host (engine error); the stream ends. */
+  { $case: "error"; value: string } | undefined;
+}
+
+/** Control plane → agent, on AgentSubjects.execIn(host, exec_id). */
+export interface ExecControlFrame {
+  execId: string;
+  seq: number;
+  frame?:
+    | { $case: "stdin"; value: Buffer }
+    | { $case: "closeStdin"; value: boolean }
+    | //
+    /** The agent may send this many more output bytes. */
+    { $case: "outputCredit"; value: number }
+    | { $case: "cancel"; value: ExecCancel }
+    | //
+    /** Nothing else to say: the control plane is still there. */
+    { $case: "keepalive"; value: boolean }
     | undefined;
 }
 
@@ -664,6 +725,7 @@ export interface AgentCommandResult {
     | { $case: "inventory"; value: Inventory }
     | { $case: "probe"; value: ProbeResult }
     | { $case: "restartMember"; value: RestartMemberResult }
+    | { $case: "execStart"; value: ExecStartResult }
     | undefined;
 }
 
@@ -4042,6 +4104,9 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       case "fenced":
         FencedNotice.encode(message.command.value, writer.uint32(154).fork()).join();
         break;
+      case "execStart":
+        ExecStartCommand.encode(message.command.value, writer.uint32(162).fork()).join();
+        break;
     }
     return writer;
   },
@@ -4187,6 +4252,14 @@ export const AgentCommand: MessageFns<AgentCommand> = {
             message.command = { $case: "fenced", value: FencedNotice.decode(reader, reader.uint32()) };
             continue;
           }
+          case 20: {
+            if (tag !== 162) {
+              break;
+            }
+
+            message.command = { $case: "execStart", value: ExecStartCommand.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4261,6 +4334,10 @@ export const AgentCommand: MessageFns<AgentCommand> = {
         ? { $case: "restartMember", value: RestartMemberCommand.fromJSON(object.restart_member) }
         : isSet(object.fenced)
         ? { $case: "fenced", value: FencedNotice.fromJSON(object.fenced) }
+        : isSet(object.execStart)
+        ? { $case: "execStart", value: ExecStartCommand.fromJSON(object.execStart) }
+        : isSet(object.exec_start)
+        ? { $case: "execStart", value: ExecStartCommand.fromJSON(object.exec_start) }
         : undefined,
     };
   },
@@ -4305,6 +4382,8 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       obj.restartMember = RestartMemberCommand.toJSON(message.command.value);
     } else if (message.command?.$case === "fenced") {
       obj.fenced = FencedNotice.toJSON(message.command.value);
+    } else if (message.command?.$case === "execStart") {
+      obj.execStart = ExecStartCommand.toJSON(message.command.value);
     }
     return obj;
   },
@@ -4378,6 +4457,785 @@ export const AgentCommand: MessageFns<AgentCommand> = {
       case "fenced": {
         if (object.command?.value !== undefined && object.command?.value !== null) {
           message.command = { $case: "fenced", value: FencedNotice.fromPartial(object.command.value) };
+        }
+        break;
+      }
+      case "execStart": {
+        if (object.command?.value !== undefined && object.command?.value !== null) {
+          message.command = { $case: "execStart", value: ExecStartCommand.fromPartial(object.command.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseExecStartCommand(): ExecStartCommand {
+  return {
+    groupId: "",
+    memberId: "",
+    execId: "",
+    containerId: "",
+    argv: [],
+    env: [],
+    workingDir: "",
+    stdin: false,
+    outputWindowBytes: 0,
+    idleTimeoutMs: 0,
+    cancelGraceMs: 0,
+  };
+}
+
+export const ExecStartCommand: MessageFns<ExecStartCommand> = {
+  encode(message: ExecStartCommand, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.groupId !== "") {
+      writer.uint32(10).string(message.groupId);
+    }
+    if (message.memberId !== "") {
+      writer.uint32(18).string(message.memberId);
+    }
+    if (message.execId !== "") {
+      writer.uint32(26).string(message.execId);
+    }
+    if (message.containerId !== "") {
+      writer.uint32(34).string(message.containerId);
+    }
+    for (const v of message.argv) {
+      writer.uint32(42).string(v!);
+    }
+    for (const v of message.env) {
+      EnvVar.encode(v!, writer.uint32(50).fork()).join();
+    }
+    if (message.workingDir !== "") {
+      writer.uint32(58).string(message.workingDir);
+    }
+    if (message.stdin !== false) {
+      writer.uint32(64).bool(message.stdin);
+    }
+    if (message.outputWindowBytes !== 0) {
+      writer.uint32(72).int64(message.outputWindowBytes);
+    }
+    if (message.idleTimeoutMs !== 0) {
+      writer.uint32(80).int64(message.idleTimeoutMs);
+    }
+    if (message.cancelGraceMs !== 0) {
+      writer.uint32(88).int32(message.cancelGraceMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ExecStartCommand {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseExecStartCommand();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.memberId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.containerId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.argv.push(reader.string());
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.env.push(EnvVar.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.workingDir = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.stdin = reader.bool();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.outputWindowBytes = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.idleTimeoutMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.cancelGraceMs = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ExecStartCommand {
+    return {
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+      memberId: isSet(object.memberId)
+        ? globalThis.String(object.memberId)
+        : isSet(object.member_id)
+        ? globalThis.String(object.member_id)
+        : "",
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      containerId: isSet(object.containerId)
+        ? globalThis.String(object.containerId)
+        : isSet(object.container_id)
+        ? globalThis.String(object.container_id)
+        : "",
+      argv: globalThis.Array.isArray(object?.argv)
+        ? object.argv.map((e: any) => globalThis.String(e))
+        : [],
+      env: globalThis.Array.isArray(object?.env) ? object.env.map((e: any) => EnvVar.fromJSON(e)) : [],
+      workingDir: isSet(object.workingDir)
+        ? globalThis.String(object.workingDir)
+        : isSet(object.working_dir)
+        ? globalThis.String(object.working_dir)
+        : "",
+      stdin: isSet(object.stdin) ? globalThis.Boolean(object.stdin) : false,
+      outputWindowBytes: isSet(object.outputWindowBytes)
+        ? globalThis.Number(object.outputWindowBytes)
+        : isSet(object.output_window_bytes)
+        ? globalThis.Number(object.output_window_bytes)
+        : 0,
+      idleTimeoutMs: isSet(object.idleTimeoutMs)
+        ? globalThis.Number(object.idleTimeoutMs)
+        : isSet(object.idle_timeout_ms)
+        ? globalThis.Number(object.idle_timeout_ms)
+        : 0,
+      cancelGraceMs: isSet(object.cancelGraceMs)
+        ? globalThis.Number(object.cancelGraceMs)
+        : isSet(object.cancel_grace_ms)
+        ? globalThis.Number(object.cancel_grace_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: ExecStartCommand): unknown {
+    const obj: any = {};
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
+    if (message.memberId !== "") {
+      obj.memberId = message.memberId;
+    }
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.containerId !== "") {
+      obj.containerId = message.containerId;
+    }
+    if (message.argv?.length) {
+      obj.argv = message.argv;
+    }
+    if (message.env?.length) {
+      obj.env = message.env.map((e) => EnvVar.toJSON(e));
+    }
+    if (message.workingDir !== "") {
+      obj.workingDir = message.workingDir;
+    }
+    if (message.stdin !== false) {
+      obj.stdin = message.stdin;
+    }
+    if (message.outputWindowBytes !== 0) {
+      obj.outputWindowBytes = Math.round(message.outputWindowBytes);
+    }
+    if (message.idleTimeoutMs !== 0) {
+      obj.idleTimeoutMs = Math.round(message.idleTimeoutMs);
+    }
+    if (message.cancelGraceMs !== 0) {
+      obj.cancelGraceMs = Math.round(message.cancelGraceMs);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ExecStartCommand>): ExecStartCommand {
+    return ExecStartCommand.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ExecStartCommand>): ExecStartCommand {
+    const message = createBaseExecStartCommand();
+    message.groupId = object.groupId ?? "";
+    message.memberId = object.memberId ?? "";
+    message.execId = object.execId ?? "";
+    message.containerId = object.containerId ?? "";
+    message.argv = object.argv?.map((e) => e) || [];
+    message.env = object.env?.map((e) => EnvVar.fromPartial(e)) || [];
+    message.workingDir = object.workingDir ?? "";
+    message.stdin = object.stdin ?? false;
+    message.outputWindowBytes = object.outputWindowBytes ?? 0;
+    message.idleTimeoutMs = object.idleTimeoutMs ?? 0;
+    message.cancelGraceMs = object.cancelGraceMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseExecStartResult(): ExecStartResult {
+  return { execId: "", containerId: "", startedAtUnixMs: 0 };
+}
+
+export const ExecStartResult: MessageFns<ExecStartResult> = {
+  encode(message: ExecStartResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.execId !== "") {
+      writer.uint32(10).string(message.execId);
+    }
+    if (message.containerId !== "") {
+      writer.uint32(18).string(message.containerId);
+    }
+    if (message.startedAtUnixMs !== 0) {
+      writer.uint32(24).int64(message.startedAtUnixMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ExecStartResult {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseExecStartResult();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.containerId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.startedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ExecStartResult {
+    return {
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      containerId: isSet(object.containerId)
+        ? globalThis.String(object.containerId)
+        : isSet(object.container_id)
+        ? globalThis.String(object.container_id)
+        : "",
+      startedAtUnixMs: isSet(object.startedAtUnixMs)
+        ? globalThis.Number(object.startedAtUnixMs)
+        : isSet(object.started_at_unix_ms)
+        ? globalThis.Number(object.started_at_unix_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: ExecStartResult): unknown {
+    const obj: any = {};
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.containerId !== "") {
+      obj.containerId = message.containerId;
+    }
+    if (message.startedAtUnixMs !== 0) {
+      obj.startedAtUnixMs = Math.round(message.startedAtUnixMs);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ExecStartResult>): ExecStartResult {
+    return ExecStartResult.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ExecStartResult>): ExecStartResult {
+    const message = createBaseExecStartResult();
+    message.execId = object.execId ?? "";
+    message.containerId = object.containerId ?? "";
+    message.startedAtUnixMs = object.startedAtUnixMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseExecAgentFrame(): ExecAgentFrame {
+  return { execId: "", seq: 0, frame: undefined };
+}
+
+export const ExecAgentFrame: MessageFns<ExecAgentFrame> = {
+  encode(message: ExecAgentFrame, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.execId !== "") {
+      writer.uint32(10).string(message.execId);
+    }
+    if (message.seq !== 0) {
+      writer.uint32(16).int64(message.seq);
+    }
+    switch (message.frame?.$case) {
+      case "output":
+        ExecOutput.encode(message.frame.value, writer.uint32(26).fork()).join();
+        break;
+      case "exit":
+        ExecExit.encode(message.frame.value, writer.uint32(34).fork()).join();
+        break;
+      case "stdinCredit":
+        writer.uint32(40).int64(message.frame.value);
+        break;
+      case "error":
+        writer.uint32(50).string(message.frame.value);
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ExecAgentFrame {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseExecAgentFrame();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.seq = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.frame = { $case: "output", value: ExecOutput.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.frame = { $case: "exit", value: ExecExit.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.frame = { $case: "stdinCredit", value: longToNumber(reader.int64()) };
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.frame = { $case: "error", value: reader.string() };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ExecAgentFrame {
+    return {
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
+      frame: isSet(object.output)
+        ? { $case: "output", value: ExecOutput.fromJSON(object.output) }
+        : isSet(object.exit)
+        ? { $case: "exit", value: ExecExit.fromJSON(object.exit) }
+        : isSet(object.stdinCredit)
+        ? { $case: "stdinCredit", value: globalThis.Number(object.stdinCredit) }
+        : isSet(object.stdin_credit)
+        ? { $case: "stdinCredit", value: globalThis.Number(object.stdin_credit) }
+        : isSet(object.error)
+        ? { $case: "error", value: globalThis.String(object.error) }
+        : undefined,
+    };
+  },
+
+  toJSON(message: ExecAgentFrame): unknown {
+    const obj: any = {};
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.seq !== 0) {
+      obj.seq = Math.round(message.seq);
+    }
+    if (message.frame?.$case === "output") {
+      obj.output = ExecOutput.toJSON(message.frame.value);
+    } else if (message.frame?.$case === "exit") {
+      obj.exit = ExecExit.toJSON(message.frame.value);
+    } else if (message.frame?.$case === "stdinCredit") {
+      obj.stdinCredit = Math.round(message.frame.value);
+    } else if (message.frame?.$case === "error") {
+      obj.error = message.frame.value;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ExecAgentFrame>): ExecAgentFrame {
+    return ExecAgentFrame.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ExecAgentFrame>): ExecAgentFrame {
+    const message = createBaseExecAgentFrame();
+    message.execId = object.execId ?? "";
+    message.seq = object.seq ?? 0;
+    switch (object.frame?.$case) {
+      case "output": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "output", value: ExecOutput.fromPartial(object.frame.value) };
+        }
+        break;
+      }
+      case "exit": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "exit", value: ExecExit.fromPartial(object.frame.value) };
+        }
+        break;
+      }
+      case "stdinCredit": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "stdinCredit", value: object.frame.value };
+        }
+        break;
+      }
+      case "error": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "error", value: object.frame.value };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseExecControlFrame(): ExecControlFrame {
+  return { execId: "", seq: 0, frame: undefined };
+}
+
+export const ExecControlFrame: MessageFns<ExecControlFrame> = {
+  encode(message: ExecControlFrame, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.execId !== "") {
+      writer.uint32(10).string(message.execId);
+    }
+    if (message.seq !== 0) {
+      writer.uint32(16).int64(message.seq);
+    }
+    switch (message.frame?.$case) {
+      case "stdin":
+        writer.uint32(26).bytes(message.frame.value);
+        break;
+      case "closeStdin":
+        writer.uint32(32).bool(message.frame.value);
+        break;
+      case "outputCredit":
+        writer.uint32(40).int64(message.frame.value);
+        break;
+      case "cancel":
+        ExecCancel.encode(message.frame.value, writer.uint32(50).fork()).join();
+        break;
+      case "keepalive":
+        writer.uint32(56).bool(message.frame.value);
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ExecControlFrame {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseExecControlFrame();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.seq = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.frame = { $case: "stdin", value: Buffer.from(reader.bytes()) };
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.frame = { $case: "closeStdin", value: reader.bool() };
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.frame = { $case: "outputCredit", value: longToNumber(reader.int64()) };
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.frame = { $case: "cancel", value: ExecCancel.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.frame = { $case: "keepalive", value: reader.bool() };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ExecControlFrame {
+    return {
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      seq: isSet(object.seq) ? globalThis.Number(object.seq) : 0,
+      frame: isSet(object.stdin)
+        ? { $case: "stdin", value: Buffer.from(bytesFromBase64(object.stdin)) }
+        : isSet(object.closeStdin)
+        ? { $case: "closeStdin", value: globalThis.Boolean(object.closeStdin) }
+        : isSet(object.close_stdin)
+        ? { $case: "closeStdin", value: globalThis.Boolean(object.close_stdin) }
+        : isSet(object.outputCredit)
+        ? { $case: "outputCredit", value: globalThis.Number(object.outputCredit) }
+        : isSet(object.output_credit)
+        ? { $case: "outputCredit", value: globalThis.Number(object.output_credit) }
+        : isSet(object.cancel)
+        ? { $case: "cancel", value: ExecCancel.fromJSON(object.cancel) }
+        : isSet(object.keepalive)
+        ? { $case: "keepalive", value: globalThis.Boolean(object.keepalive) }
+        : undefined,
+    };
+  },
+
+  toJSON(message: ExecControlFrame): unknown {
+    const obj: any = {};
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.seq !== 0) {
+      obj.seq = Math.round(message.seq);
+    }
+    if (message.frame?.$case === "stdin") {
+      obj.stdin = base64FromBytes(message.frame.value);
+    } else if (message.frame?.$case === "closeStdin") {
+      obj.closeStdin = message.frame.value;
+    } else if (message.frame?.$case === "outputCredit") {
+      obj.outputCredit = Math.round(message.frame.value);
+    } else if (message.frame?.$case === "cancel") {
+      obj.cancel = ExecCancel.toJSON(message.frame.value);
+    } else if (message.frame?.$case === "keepalive") {
+      obj.keepalive = message.frame.value;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<ExecControlFrame>): ExecControlFrame {
+    return ExecControlFrame.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<ExecControlFrame>): ExecControlFrame {
+    const message = createBaseExecControlFrame();
+    message.execId = object.execId ?? "";
+    message.seq = object.seq ?? 0;
+    switch (object.frame?.$case) {
+      case "stdin": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "stdin", value: object.frame.value };
+        }
+        break;
+      }
+      case "closeStdin": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "closeStdin", value: object.frame.value };
+        }
+        break;
+      }
+      case "outputCredit": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "outputCredit", value: object.frame.value };
+        }
+        break;
+      }
+      case "cancel": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "cancel", value: ExecCancel.fromPartial(object.frame.value) };
+        }
+        break;
+      }
+      case "keepalive": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "keepalive", value: object.frame.value };
         }
         break;
       }
@@ -5833,6 +6691,9 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
       case "restartMember":
         RestartMemberResult.encode(message.result.value, writer.uint32(146).fork()).join();
         break;
+      case "execStart":
+        ExecStartResult.encode(message.result.value, writer.uint32(154).fork()).join();
+        break;
     }
     return writer;
   },
@@ -5986,6 +6847,14 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
             message.result = { $case: "restartMember", value: RestartMemberResult.decode(reader, reader.uint32()) };
             continue;
           }
+          case 19: {
+            if (tag !== 154) {
+              break;
+            }
+
+            message.result = { $case: "execStart", value: ExecStartResult.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6056,6 +6925,10 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
         ? { $case: "restartMember", value: RestartMemberResult.fromJSON(object.restartMember) }
         : isSet(object.restart_member)
         ? { $case: "restartMember", value: RestartMemberResult.fromJSON(object.restart_member) }
+        : isSet(object.execStart)
+        ? { $case: "execStart", value: ExecStartResult.fromJSON(object.execStart) }
+        : isSet(object.exec_start)
+        ? { $case: "execStart", value: ExecStartResult.fromJSON(object.exec_start) }
         : undefined,
     };
   },
@@ -6104,6 +6977,8 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
       obj.probe = ProbeResult.toJSON(message.result.value);
     } else if (message.result?.$case === "restartMember") {
       obj.restartMember = RestartMemberResult.toJSON(message.result.value);
+    } else if (message.result?.$case === "execStart") {
+      obj.execStart = ExecStartResult.toJSON(message.result.value);
     }
     return obj;
   },
@@ -6173,6 +7048,12 @@ export const AgentCommandResult: MessageFns<AgentCommandResult> = {
       case "restartMember": {
         if (object.result?.value !== undefined && object.result?.value !== null) {
           message.result = { $case: "restartMember", value: RestartMemberResult.fromPartial(object.result.value) };
+        }
+        break;
+      }
+      case "execStart": {
+        if (object.result?.value !== undefined && object.result?.value !== null) {
+          message.result = { $case: "execStart", value: ExecStartResult.fromPartial(object.result.value) };
         }
         break;
       }
@@ -7219,6 +8100,14 @@ export const CheckpointManifest: MessageFns<CheckpointManifest> = {
     return message;
   },
 };
+
+function bytesFromBase64(b64: string): Uint8Array {
+  return Uint8Array.from(globalThis.Buffer.from(b64, "base64"));
+}
+
+function base64FromBytes(arr: Uint8Array): string {
+  return globalThis.Buffer.from(arr).toString("base64");
+}
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
 

@@ -7,8 +7,12 @@ import {
   type CallOptions,
   type ChannelCredentials,
   Client,
+  type ClientDuplexStream,
   type ClientOptions,
+  type ClientReadableStream,
   type ClientUnaryCall,
+  type handleBidiStreamingCall,
+  type handleServerStreamingCall,
   type handleUnaryCall,
   makeGenericClientConstructor,
   type Metadata,
@@ -30,6 +34,7 @@ import {
   turnEndKindFromJSON,
   turnEndKindToJSON,
 } from "./common.ts";
+import { ExecExit, ExecRequest, ExecResponse } from "./exec.ts";
 
 export const protobufPackage = "sandboxfleet.v1";
 
@@ -245,6 +250,56 @@ export interface GetGroupStateRequest {
 
 export interface GetGroupStateResponse {
   group?: Group | undefined;
+}
+
+/**
+ * A turn through the fleet: the fleet builds the CLI's command (an allow-list of flags), runs it in
+ * the member's container and decides the turn end from the CLI's own events.
+ */
+export interface RunTurnRequest {
+  idempotencyKey: string;
+  groupId: string;
+  memberId: string;
+  /** The user's message, 1 byte .. 256 KiB of UTF-8. */
+  prompt: string;
+  /** As BeginTurnRequest.locator: absent = the saved one (R-S3). */
+  locator?:
+    | string
+    | undefined;
+  /** The CLI's model flag; empty = the CLI's default. [A-Za-z0-9._:/-]{1,128}. */
+  model: string;
+  /** Bound on the whole turn; 0 = the call's deadline, else at most 24 h. */
+  timeoutMs: number;
+}
+
+export interface RunTurnEnd {
+  completion?:
+    | CompleteTurnResponse
+    | undefined;
+  /** The evidence the fleet completed the turn with (its detectors' verdict). */
+  evidence?:
+    | TurnEndEvidence
+    | undefined;
+  /** The session id the CLI reported, empty if none. */
+  observedLocator: string;
+  exit?: ExecExit | undefined;
+}
+
+export interface RunTurnResponse {
+  event?:
+    | //
+    /** The turn began: context state, locator, placement (as BeginTurn answers). */
+    { $case: "begun"; value: BeginTurnResponse }
+    | //
+    /** One line of the CLI's own event stream (JSON), as the CLI printed it. */
+    { $case: "cliEvent"; value: Buffer }
+    | //
+    /** A chunk of the CLI's stderr. */
+    { $case: "stderr"; value: Buffer }
+    | //
+    /** The turn ended (always the last event of a call that did not fail). */
+    { $case: "end"; value: RunTurnEnd }
+    | undefined;
 }
 
 function createBaseMemberSpec(): MemberSpec {
@@ -1915,6 +1970,457 @@ export const GetGroupStateResponse: MessageFns<GetGroupStateResponse> = {
   },
 };
 
+function createBaseRunTurnRequest(): RunTurnRequest {
+  return { idempotencyKey: "", groupId: "", memberId: "", prompt: "", locator: undefined, model: "", timeoutMs: 0 };
+}
+
+export const RunTurnRequest: MessageFns<RunTurnRequest> = {
+  encode(message: RunTurnRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.idempotencyKey !== "") {
+      writer.uint32(10).string(message.idempotencyKey);
+    }
+    if (message.groupId !== "") {
+      writer.uint32(18).string(message.groupId);
+    }
+    if (message.memberId !== "") {
+      writer.uint32(26).string(message.memberId);
+    }
+    if (message.prompt !== "") {
+      writer.uint32(34).string(message.prompt);
+    }
+    if (message.locator !== undefined) {
+      writer.uint32(42).string(message.locator);
+    }
+    if (message.model !== "") {
+      writer.uint32(50).string(message.model);
+    }
+    if (message.timeoutMs !== 0) {
+      writer.uint32(56).int64(message.timeoutMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunTurnRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunTurnRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.idempotencyKey = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.memberId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.prompt = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.locator = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.model = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.timeoutMs = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RunTurnRequest {
+    return {
+      idempotencyKey: isSet(object.idempotencyKey)
+        ? globalThis.String(object.idempotencyKey)
+        : isSet(object.idempotency_key)
+        ? globalThis.String(object.idempotency_key)
+        : "",
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+      memberId: isSet(object.memberId)
+        ? globalThis.String(object.memberId)
+        : isSet(object.member_id)
+        ? globalThis.String(object.member_id)
+        : "",
+      prompt: isSet(object.prompt) ? globalThis.String(object.prompt) : "",
+      locator: isSet(object.locator) ? globalThis.String(object.locator) : undefined,
+      model: isSet(object.model) ? globalThis.String(object.model) : "",
+      timeoutMs: isSet(object.timeoutMs)
+        ? globalThis.Number(object.timeoutMs)
+        : isSet(object.timeout_ms)
+        ? globalThis.Number(object.timeout_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: RunTurnRequest): unknown {
+    const obj: any = {};
+    if (message.idempotencyKey !== "") {
+      obj.idempotencyKey = message.idempotencyKey;
+    }
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
+    if (message.memberId !== "") {
+      obj.memberId = message.memberId;
+    }
+    if (message.prompt !== "") {
+      obj.prompt = message.prompt;
+    }
+    if (message.locator !== undefined) {
+      obj.locator = message.locator;
+    }
+    if (message.model !== "") {
+      obj.model = message.model;
+    }
+    if (message.timeoutMs !== 0) {
+      obj.timeoutMs = Math.round(message.timeoutMs);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RunTurnRequest>): RunTurnRequest {
+    return RunTurnRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RunTurnRequest>): RunTurnRequest {
+    const message = createBaseRunTurnRequest();
+    message.idempotencyKey = object.idempotencyKey ?? "";
+    message.groupId = object.groupId ?? "";
+    message.memberId = object.memberId ?? "";
+    message.prompt = object.prompt ?? "";
+    message.locator = object.locator ?? undefined;
+    message.model = object.model ?? "";
+    message.timeoutMs = object.timeoutMs ?? 0;
+    return message;
+  },
+};
+
+function createBaseRunTurnEnd(): RunTurnEnd {
+  return { completion: undefined, evidence: undefined, observedLocator: "", exit: undefined };
+}
+
+export const RunTurnEnd: MessageFns<RunTurnEnd> = {
+  encode(message: RunTurnEnd, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.completion !== undefined) {
+      CompleteTurnResponse.encode(message.completion, writer.uint32(10).fork()).join();
+    }
+    if (message.evidence !== undefined) {
+      TurnEndEvidence.encode(message.evidence, writer.uint32(18).fork()).join();
+    }
+    if (message.observedLocator !== "") {
+      writer.uint32(26).string(message.observedLocator);
+    }
+    if (message.exit !== undefined) {
+      ExecExit.encode(message.exit, writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunTurnEnd {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunTurnEnd();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.completion = CompleteTurnResponse.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.evidence = TurnEndEvidence.decode(reader, reader.uint32());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.observedLocator = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.exit = ExecExit.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RunTurnEnd {
+    return {
+      completion: isSet(object.completion) ? CompleteTurnResponse.fromJSON(object.completion) : undefined,
+      evidence: isSet(object.evidence) ? TurnEndEvidence.fromJSON(object.evidence) : undefined,
+      observedLocator: isSet(object.observedLocator)
+        ? globalThis.String(object.observedLocator)
+        : isSet(object.observed_locator)
+        ? globalThis.String(object.observed_locator)
+        : "",
+      exit: isSet(object.exit) ? ExecExit.fromJSON(object.exit) : undefined,
+    };
+  },
+
+  toJSON(message: RunTurnEnd): unknown {
+    const obj: any = {};
+    if (message.completion !== undefined) {
+      obj.completion = CompleteTurnResponse.toJSON(message.completion);
+    }
+    if (message.evidence !== undefined) {
+      obj.evidence = TurnEndEvidence.toJSON(message.evidence);
+    }
+    if (message.observedLocator !== "") {
+      obj.observedLocator = message.observedLocator;
+    }
+    if (message.exit !== undefined) {
+      obj.exit = ExecExit.toJSON(message.exit);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RunTurnEnd>): RunTurnEnd {
+    return RunTurnEnd.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RunTurnEnd>): RunTurnEnd {
+    const message = createBaseRunTurnEnd();
+    message.completion = (object.completion !== undefined && object.completion !== null)
+      ? CompleteTurnResponse.fromPartial(object.completion)
+      : undefined;
+    message.evidence = (object.evidence !== undefined && object.evidence !== null)
+      ? TurnEndEvidence.fromPartial(object.evidence)
+      : undefined;
+    message.observedLocator = object.observedLocator ?? "";
+    message.exit = (object.exit !== undefined && object.exit !== null) ? ExecExit.fromPartial(object.exit) : undefined;
+    return message;
+  },
+};
+
+function createBaseRunTurnResponse(): RunTurnResponse {
+  return { event: undefined };
+}
+
+export const RunTurnResponse: MessageFns<RunTurnResponse> = {
+  encode(message: RunTurnResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.event?.$case) {
+      case "begun":
+        BeginTurnResponse.encode(message.event.value, writer.uint32(10).fork()).join();
+        break;
+      case "cliEvent":
+        writer.uint32(18).bytes(message.event.value);
+        break;
+      case "stderr":
+        writer.uint32(26).bytes(message.event.value);
+        break;
+      case "end":
+        RunTurnEnd.encode(message.event.value, writer.uint32(34).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunTurnResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunTurnResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.event = { $case: "begun", value: BeginTurnResponse.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.event = { $case: "cliEvent", value: Buffer.from(reader.bytes()) };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.event = { $case: "stderr", value: Buffer.from(reader.bytes()) };
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.event = { $case: "end", value: RunTurnEnd.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RunTurnResponse {
+    return {
+      event: isSet(object.begun)
+        ? { $case: "begun", value: BeginTurnResponse.fromJSON(object.begun) }
+        : isSet(object.cliEvent)
+        ? { $case: "cliEvent", value: Buffer.from(bytesFromBase64(object.cliEvent)) }
+        : isSet(object.cli_event)
+        ? { $case: "cliEvent", value: Buffer.from(bytesFromBase64(object.cli_event)) }
+        : isSet(object.stderr)
+        ? { $case: "stderr", value: Buffer.from(bytesFromBase64(object.stderr)) }
+        : isSet(object.end)
+        ? { $case: "end", value: RunTurnEnd.fromJSON(object.end) }
+        : undefined,
+    };
+  },
+
+  toJSON(message: RunTurnResponse): unknown {
+    const obj: any = {};
+    if (message.event?.$case === "begun") {
+      obj.begun = BeginTurnResponse.toJSON(message.event.value);
+    } else if (message.event?.$case === "cliEvent") {
+      obj.cliEvent = base64FromBytes(message.event.value);
+    } else if (message.event?.$case === "stderr") {
+      obj.stderr = base64FromBytes(message.event.value);
+    } else if (message.event?.$case === "end") {
+      obj.end = RunTurnEnd.toJSON(message.event.value);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<RunTurnResponse>): RunTurnResponse {
+    return RunTurnResponse.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<RunTurnResponse>): RunTurnResponse {
+    const message = createBaseRunTurnResponse();
+    switch (object.event?.$case) {
+      case "begun": {
+        if (object.event?.value !== undefined && object.event?.value !== null) {
+          message.event = { $case: "begun", value: BeginTurnResponse.fromPartial(object.event.value) };
+        }
+        break;
+      }
+      case "cliEvent": {
+        if (object.event?.value !== undefined && object.event?.value !== null) {
+          message.event = { $case: "cliEvent", value: object.event.value };
+        }
+        break;
+      }
+      case "stderr": {
+        if (object.event?.value !== undefined && object.event?.value !== null) {
+          message.event = { $case: "stderr", value: object.event.value };
+        }
+        break;
+      }
+      case "end": {
+        if (object.event?.value !== undefined && object.event?.value !== null) {
+          message.event = { $case: "end", value: RunTurnEnd.fromPartial(object.event.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
 export type RunnerServiceService = typeof RunnerServiceService;
 export const RunnerServiceService = {
   /** Acquire the conversation's group, creating and placing it on first use (R-G1). */
@@ -1969,6 +2475,26 @@ export const RunnerServiceService = {
       Buffer.from(GetGroupStateResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetGroupStateResponse => GetGroupStateResponse.decode(value),
   },
+  /** A process in a member container on its current placement (R-I9; exec.proto). */
+  exec: {
+    path: "/sandboxfleet.v1.RunnerService/Exec" as const,
+    requestStream: true as const,
+    responseStream: true as const,
+    requestSerialize: (value: ExecRequest): Buffer => Buffer.from(ExecRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ExecRequest => ExecRequest.decode(value),
+    responseSerialize: (value: ExecResponse): Buffer => Buffer.from(ExecResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ExecResponse => ExecResponse.decode(value),
+  },
+  /** A whole turn through the fleet: begin, the CLI, the turn end detected, complete (R-I9; exec.proto). */
+  runTurn: {
+    path: "/sandboxfleet.v1.RunnerService/RunTurn" as const,
+    requestStream: false as const,
+    responseStream: true as const,
+    requestSerialize: (value: RunTurnRequest): Buffer => Buffer.from(RunTurnRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RunTurnRequest => RunTurnRequest.decode(value),
+    responseSerialize: (value: RunTurnResponse): Buffer => Buffer.from(RunTurnResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RunTurnResponse => RunTurnResponse.decode(value),
+  },
 } as const;
 
 export interface RunnerServiceServer extends UntypedServiceImplementation {
@@ -1982,6 +2508,10 @@ export interface RunnerServiceServer extends UntypedServiceImplementation {
   stopGroup: handleUnaryCall<StopGroupRequest, StopGroupResponse>;
   /** Read the group's current state. */
   getGroupState: handleUnaryCall<GetGroupStateRequest, GetGroupStateResponse>;
+  /** A process in a member container on its current placement (R-I9; exec.proto). */
+  exec: handleBidiStreamingCall<ExecRequest, ExecResponse>;
+  /** A whole turn through the fleet: begin, the CLI, the turn end detected, complete (R-I9; exec.proto). */
+  runTurn: handleServerStreamingCall<RunTurnRequest, RunTurnResponse>;
 }
 
 export interface RunnerServiceClient extends Client {
@@ -2065,6 +2595,17 @@ export interface RunnerServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetGroupStateResponse) => void,
   ): ClientUnaryCall;
+  /** A process in a member container on its current placement (R-I9; exec.proto). */
+  exec(): ClientDuplexStream<ExecRequest, ExecResponse>;
+  exec(options: Partial<CallOptions>): ClientDuplexStream<ExecRequest, ExecResponse>;
+  exec(metadata: Metadata, options?: Partial<CallOptions>): ClientDuplexStream<ExecRequest, ExecResponse>;
+  /** A whole turn through the fleet: begin, the CLI, the turn end detected, complete (R-I9; exec.proto). */
+  runTurn(request: RunTurnRequest, options?: Partial<CallOptions>): ClientReadableStream<RunTurnResponse>;
+  runTurn(
+    request: RunTurnRequest,
+    metadata?: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientReadableStream<RunTurnResponse>;
 }
 
 export const RunnerServiceClient = makeGenericClientConstructor(
@@ -2075,6 +2616,14 @@ export const RunnerServiceClient = makeGenericClientConstructor(
   service: typeof RunnerServiceService;
   serviceName: string;
 };
+
+function bytesFromBase64(b64: string): Uint8Array {
+  return Uint8Array.from(globalThis.Buffer.from(b64, "base64"));
+}
+
+function base64FromBytes(arr: Uint8Array): string {
+  return globalThis.Buffer.from(arr).toString("base64");
+}
 
 type Builtin = Date | Function | Uint8Array | string | number | boolean | undefined;
 

@@ -1,0 +1,91 @@
+// What the gRPC layer needs from the control plane to run processes and whole turns in member
+// containers (R-I9), as plain domain types: the api layer maps protobuf frames to these, the
+// control plane implements them (exec-relay.ts, turn-runner.ts). Pure types, no I/O.
+import type { BeginTurnView, CompleteTurnView, TurnEvidenceInput } from './runner-port.ts';
+
+export interface ExecStartInput {
+  readonly groupId: string;
+  readonly memberId: string;
+  readonly argv: readonly string[];
+  readonly env: readonly { readonly name: string; readonly value: string }[];
+  readonly workingDir: string;
+  readonly stdin: boolean;
+  /** 0 = none (the call's own deadline still applies). */
+  readonly timeoutMs: number;
+  /** 0 = the default. */
+  readonly outputLimitBytes: number;
+  /** 0 = the current placement. */
+  readonly expectedGeneration: number;
+  /** 0 = the default. */
+  readonly cancelGraceMs: number;
+}
+
+export interface ExecStartedView {
+  readonly execId: string;
+  readonly hostId: string;
+  readonly hostEpoch: number;
+  readonly generation: number;
+  readonly containerId: string;
+  /** The container's start time (unix ms) as a string. */
+  readonly incarnation: string;
+}
+
+export type ExecEndKind = 'exited' | 'cancelled' | 'deadline' | 'output_limit';
+
+export interface ExecExitView {
+  readonly end: ExecEndKind;
+  readonly exitCode: number;
+  readonly stdoutBytes: number;
+  readonly stderrBytes: number;
+  readonly durationMs: number;
+}
+
+export type ExecEvent =
+  | { readonly kind: 'output'; readonly stream: 'stdout' | 'stderr'; readonly data: Uint8Array }
+  | { readonly kind: 'stdin_credit'; readonly bytes: number }
+  | { readonly kind: 'exit'; readonly exit: ExecExitView };
+
+/**
+ * A running exec. `events()` yields output, stdin credits and finally one exit; the consumer calls
+ * `consumed(bytes)` once it has passed output on (that is what grants the host more output credit:
+ * a slow consumer slows the process, nothing queues without bound). A transport or fencing failure
+ * ends `events()` with a typed error (UNAVAILABLE).
+ */
+export interface ExecSession {
+  readonly started: ExecStartedView;
+  events(): AsyncIterable<ExecEvent>;
+  consumed(bytes: number): void;
+  writeStdin(bytes: Uint8Array): void;
+  closeStdin(): void;
+  cancel(graceMs?: number): void;
+}
+
+export interface RunTurnInput {
+  readonly idempotencyKey: string;
+  readonly groupId: string;
+  readonly memberId: string;
+  readonly prompt: string;
+  readonly locator?: string | undefined;
+  readonly model: string;
+  readonly timeoutMs: number;
+}
+
+export interface RunTurnEndView {
+  readonly completion: CompleteTurnView;
+  readonly evidence: TurnEvidenceInput;
+  readonly observedLocator: string | undefined;
+  readonly exit: ExecExitView | undefined;
+}
+
+export type RunTurnEvent =
+  | { readonly kind: 'begun'; readonly begun: BeginTurnView }
+  | { readonly kind: 'cli_event'; readonly line: Uint8Array }
+  | { readonly kind: 'stderr'; readonly data: Uint8Array }
+  | { readonly kind: 'end'; readonly end: RunTurnEndView };
+
+export interface ExecBackend {
+  /** Start a process; refusals throw typed FleetErrors. `signal` aborts it (the caller went away). */
+  exec(input: ExecStartInput, signal: AbortSignal): Promise<ExecSession>;
+  /** A whole turn; the iterable ends after `end` (or throws). `signal`: the caller went away. */
+  runTurn(input: RunTurnInput, signal: AbortSignal): AsyncIterable<RunTurnEvent>;
+}
