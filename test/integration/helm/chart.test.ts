@@ -254,6 +254,13 @@ describe('helm template with default values', () => {
     // Same path inside as on the host: the engine reports upper dirs as host paths.
     expect(mounts.get('docker-data')).toBe('/var/lib/docker');
     expect(mounts.get('docker-socket')).toBe('/var/run/docker.sock');
+    // Exec'd member processes are signalled by their host pid: the node's PID namespace.
+    expect(pod.hostPID).toBe(true);
+    // The restore chunk cache outlives the pod, on the node.
+    expect(volumes.get('layer-cache')?.hostPath).toEqual({ path: '/var/lib/sandboxfleet/chunk-cache', type: 'DirectoryOrCreate' });
+    expect(mounts.get('layer-cache')).toBe('/var/lib/sandboxfleet/chunk-cache');
+    expect(env(c).get('SANDBOXFLEET_LAYER_CACHE_DIR')?.value).toBe('/var/lib/sandboxfleet/chunk-cache');
+    expect(env(c).has('SANDBOXFLEET_LAYER_CACHE_MAX_BYTES')).toBe(false);
     expect(c.livenessProbe.httpGet).toEqual({ path: '/healthz', port: 'ops' });
     expect(c.readinessProbe.httpGet).toEqual({ path: '/readyz', port: 'ops' });
   });
@@ -366,6 +373,52 @@ describe('helm template with alerts and ServiceMonitor enabled', () => {
     const custom = await template(['--set', 'alerts.enabled=true', '--set', 'alerts.labels.release=monitoring', '--set', 'metrics.serviceMonitor.enabled=true', '--set', 'metrics.serviceMonitor.labels.release=monitoring']);
     expect(find(custom, 'PrometheusRule', `${FULLNAME}-alerts`).metadata.labels.release).toBe('monitoring');
     expect(find(custom, 'ServiceMonitor', `${FULLNAME}-control-plane`).metadata.labels.release).toBe('monitoring');
+  });
+});
+
+describe('Grafana dashboard', () => {
+  const DASHBOARD = join(CHART, 'files/dashboard.json');
+
+  it('ships files/dashboard.json unchanged in a ConfigMap with the sidecar label, only when enabled', async () => {
+    expect((await template()).some((o) => o.kind === 'ConfigMap' && o.metadata.name === `${FULLNAME}-dashboard`)).toBe(false);
+    const objects = await template(['--set', 'grafana.dashboard.enabled=true', '--set', 'grafana.dashboard.annotations.grafana_folder=Fleet']);
+    const cm = find(objects, 'ConfigMap', `${FULLNAME}-dashboard`);
+    expect(cm.metadata.labels.grafana_dashboard).toBe('1');
+    expect(cm.metadata.annotations).toEqual({ grafana_folder: 'Fleet' });
+    expect(JSON.parse(cm.data['sandbox-fleet.json'] as string)).toEqual(JSON.parse(await readFile(DASHBOARD, 'utf8')));
+  });
+
+  it('queries only metrics and labels of the catalogue, in valid PromQL, for every panel the issue names', async () => {
+    const dashboard = JSON.parse(await readFile(DASHBOARD, 'utf8')) as Obj;
+    const exprs = (dashboard.panels as Obj[]).flatMap((p) => (p.targets as Obj[]).map((t) => ({ panel: p.title as string, expr: t.expr as string })));
+    // prom-client's metric objects carry their label names.
+    const catalogue = new Map(new FleetMetrics().registry.getMetricsAsArray().map((m) => [(m as Obj).name as string, (m as Obj).labelNames as string[]]));
+    const used = new Set<string>();
+    for (const { panel, expr } of exprs) {
+      const where = `${panel}: ${expr}`;
+      const names = [...expr.matchAll(/\b(sandboxfleet_[a-z0-9_]+)/g)].map((m) => m[1]!.replace(/_(bucket|sum|count)$/, ''));
+      expect(names.length, where).toBeGreaterThan(0);
+      for (const name of names) {
+        used.add(name);
+        expect(catalogue.has(name), `${where}: ${name} is not exported`).toBe(true);
+        const labels = new Set<string>(catalogue.get(name) ?? []);
+        if (/_bucket\b/.test(expr)) labels.add('le');
+        for (const m of expr.matchAll(/\bby\s*\(([^)]*)\)/g)) {
+          for (const label of m[1]!.split(',').map((l) => l.trim()).filter(Boolean)) expect(labels.has(label), `${where}: ${name} has no label ${label}`).toBe(true);
+        }
+      }
+    }
+    // Context states per turn, LOST by reason, checkpoint age and size, migrations and their
+    // duration, heartbeat age per host (unprotected groups: no metric yet, so no panel).
+    for (const name of ['sandboxfleet_turns_total', 'sandboxfleet_lost_sessions_total', 'sandboxfleet_checkpoint_oldest_age_seconds', 'sandboxfleet_checkpoint_bytes_total',
+      'sandboxfleet_migrations_total', 'sandboxfleet_migration_duration_seconds', 'sandboxfleet_host_heartbeat_age_seconds']) expect(used, name).toContain(name);
+    // promtool parses every query (Grafana's range variables given a value) as a recording rule.
+    const rules = { groups: [{ name: 'dashboard', rules: exprs.map(({ expr }, i) => ({ record: `dashboard:query_${i}`, expr: expr.replaceAll('$__rate_interval', '1m').replaceAll('$__range', '1h') })) }] };
+    const file = join(scratch, 'dashboard-rules.yaml');
+    await writeFile(file, JSON.stringify(rules));
+    const r = await run(promtool, ['check', 'rules', file]);
+    expect(r.code, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toContain(`SUCCESS: ${exprs.length} rules found`);
   });
 });
 
