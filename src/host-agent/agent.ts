@@ -311,7 +311,8 @@ export class HostAgent {
       try {
         if (v.action === CopyAction.DELETE) {
           const removed = await groups.delete(v.groupId, v.upToGeneration);
-          this.fence.forget(v.groupId);
+          // The newest generation seen stays known (not forgotten): a command of the new epoch may
+          // already have placed a newer one here, and forgetting would let an older command through.
           this.log.warn({ groupId: v.groupId, reason: v.reason, upToGeneration: v.upToGeneration, removed: removed.length }, 'deleted a group copy the control plane proved is not needed');
         } else if (v.action === CopyAction.STOP) {
           const stopped = await groups.stopAll(v.groupId, this.deps.config.defaultStopGraceMs);
