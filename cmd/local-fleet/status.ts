@@ -9,6 +9,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { decodeTurnFlags, type GroupRecord, type HeartbeatRecord, type HostRecord } from '../../src/control-plane/records.ts';
 import type { SequencedEvent } from '../../src/store/event-log.ts';
+import { protection } from '../../src/core/idle-stop.ts';
 
 export interface StatusSnapshot {
   readonly nowMs: number;
@@ -25,7 +26,22 @@ interface HostRow {
   readonly epoch: string;
   readonly heartbeat: string;
   readonly groups: string;
+  /** Its groups a loss of the host would make LOST now (running, or stopped without a clean stop and checkpoint). */
+  readonly unprotected: string;
   readonly attestation: string;
+}
+
+/**
+ * Core's protection rule on a stored record; the snapshot holds no checkpoint records, so a latest
+ * checkpoint is taken as of the group's state. Undefined for LOST/DESTROYED.
+ */
+export function unprotectedSince(g: GroupRecord): number | undefined {
+  const lc = g.lifecycle;
+  const p = protection({
+    state: lc.state, stopClean: lc.stop?.clean, activityVersion: lc.activityVersion, lastActivityAtMs: lc.lastActivityAtMs,
+    runningSinceMs: lc.runningSinceMs, createdAtMs: g.createdAtMs, checkpointActivityVersion: g.latestCheckpointId !== undefined ? lc.activityVersion : undefined,
+  });
+  return p.protected === false ? p.sinceMs : undefined;
 }
 
 const TERMINAL_STATES = new Set(['LOST', 'DESTROYED']);
@@ -34,13 +50,16 @@ function hostRows(s: StatusSnapshot): HostRow[] {
   return s.hosts.map((h) => {
     const hb = s.heartbeats.find((x) => x.hostId === h.hostId);
     const age = hb && hb.epoch === h.lifecycle.epoch ? `${((s.nowMs - hb.receivedAtMs) / 1000).toFixed(1)}s` : '-';
-    const groups = s.groups.filter((g) => g.lifecycle.hostId === h.hostId && !TERMINAL_STATES.has(g.lifecycle.state)).length;
+    const live = s.groups.filter((g) => g.lifecycle.hostId === h.hostId && !TERMINAL_STATES.has(g.lifecycle.state));
+    const groups = live.length;
+    const exposed = live.map(unprotectedSince).filter((t) => t !== undefined);
     return {
       hostId: h.hostId,
       state: h.lifecycle.state,
       epoch: String(h.lifecycle.epoch),
       heartbeat: age,
       groups: String(groups),
+      unprotected: exposed.length === 0 ? '0' : `${exposed.length} (oldest ${Math.round((s.nowMs - Math.min(...exposed)) / 1000)}s)`,
       attestation: h.attestation.mismatches.length === 0 ? 'ok' : h.attestation.mismatches.join('; '),
     };
   });
@@ -49,13 +68,14 @@ function hostRows(s: StatusSnapshot): HostRow[] {
 function groupCounts(s: StatusSnapshot): string {
   const byState = new Map<string, number>();
   for (const g of s.groups) byState.set(g.lifecycle.state, (byState.get(g.lifecycle.state) ?? 0) + 1);
-  return [...byState].map(([state, n]) => `${state}=${n}`).join(' ') || 'none';
+  const exposed = s.groups.filter((g) => unprotectedSince(g) !== undefined).length;
+  return [...[...byState].map(([state, n]) => `${state}=${n}`), ...(s.groups.length > 0 ? [`unprotected=${exposed}`] : [])].join(' ') || 'none';
 }
 
 /** The terminal table. */
 export function renderStatusTable(s: StatusSnapshot): string {
-  const lines = ['HOST        STATE        EPOCH  HEARTBEAT  GROUPS  ATTESTATION'];
-  for (const r of hostRows(s)) lines.push(`${r.hostId.padEnd(12)}${r.state.padEnd(13)}${r.epoch.padEnd(7)}${r.heartbeat.padEnd(11)}${r.groups.padEnd(8)}${r.attestation.slice(0, 60)}`);
+  const lines = ['HOST        STATE        EPOCH  HEARTBEAT  GROUPS  UNPROTECTED       ATTESTATION'];
+  for (const r of hostRows(s)) lines.push(`${r.hostId.padEnd(12)}${r.state.padEnd(13)}${r.epoch.padEnd(7)}${r.heartbeat.padEnd(11)}${r.groups.padEnd(8)}${r.unprotected.padEnd(18)}${r.attestation.slice(0, 60)}`);
   lines.push(`groups: ${groupCounts(s)}    (${new Date(s.nowMs).toISOString()})`);
   return `${lines.join('\n')}\n`;
 }
@@ -97,10 +117,14 @@ const stateClass = (state: string): string => (['LOST', 'DEAD', 'UNATTESTED'].in
 
 /** The web status page: hosts, groups, the latest events; refreshes itself every `refreshS` seconds. */
 export function renderStatusPage(s: StatusSnapshot, refreshS = 2): string {
-  const hosts = hostRows(s).map((r) => [r.hostId, r.state, r.epoch, r.heartbeat, r.groups, r.attestation]);
+  const hosts = hostRows(s).map((r) => [r.hostId, r.state, r.epoch, r.heartbeat, r.groups, r.unprotected, r.attestation]);
   const groups = [...s.groups]
     .sort((a, b) => a.groupId.localeCompare(b.groupId))
-    .map((g) => [g.groupId, g.conversationId, g.lifecycle.state, g.lifecycle.hostId, String(g.lifecycle.generation), g.members.map((m) => `${m.session.memberId}:${m.session.phase}`).join(' '), g.lifecycle.lostReason ?? '']);
+    .map((g) => {
+      const since = unprotectedSince(g);
+      const prot = TERMINAL_STATES.has(g.lifecycle.state) ? '' : since === undefined ? 'yes' : `no, ${Math.round((s.nowMs - since) / 1000)}s`;
+      return [g.groupId, g.conversationId, g.lifecycle.state, g.lifecycle.hostId, String(g.lifecycle.generation), prot, g.members.map((m) => `${m.session.memberId}:${m.session.phase}`).join(' '), g.lifecycle.lostReason ?? ''];
+    });
   const turns = turnRows(s);
   const events = [...s.events].reverse().map(({ seq, event: e }) => [String(seq), new Date(e.timeMs).toISOString().slice(11, 23), `${e.subjectKind}/${e.subjectId}`, e.type, e.toState ?? '', e.reason ?? '']);
   return `<!doctype html>
@@ -114,9 +138,10 @@ th { background: #f3f3f3 } tr.bad td { color: #b00020 } tr.moving td { color: #a
 <h1>Sandbox Fleet: local fleet</h1>
 <p class="muted">${escapeHtml(new Date(s.nowMs).toISOString())}, refreshed every ${refreshS} s. Groups: ${escapeHtml(groupCounts(s))}. Try <code>sandboxctl --insecure drain host-a</code> and watch the groups move.</p>
 <h2>Hosts</h2>
-${table(['host', 'state', 'epoch', 'heartbeat', 'groups', 'attestation'], hosts, (r) => stateClass(r[1] ?? ''))}
+${table(['host', 'state', 'epoch', 'heartbeat', 'groups', 'unprotected', 'attestation'], hosts, (r) => stateClass(r[1] ?? ''))}
 <h2>Groups</h2>
-${table(['group', 'conversation', 'state', 'host', 'generation', 'members', 'lost reason'], groups, (r) => stateClass(r[2] ?? ''))}
+<p class="muted">Protected: stopped cleanly with a checkpoint, so the group survives the loss of its host; a running group does not (idle groups are stopped and checkpointed after SANDBOXFLEET_IDLE_STOP_AFTER_MS).</p>
+${table(['group', 'conversation', 'state', 'host', 'generation', 'protected', 'members', 'lost reason'], groups, (r) => stateClass(r[2] ?? ''))}
 <h2>Latest turn ends</h2>
 <p class="muted">What each turn end reported and what was decided (<code>sandboxctl turns GROUP</code> has every member's last 8). Compare what was sent with how the turn ended before blaming a checkpoint or a restore.</p>
 ${turns.length === 0 ? '<p class="muted">No turn end recorded yet.</p>' : table(['completed (UTC)', 'group/member', 'turn', 'context', 'end', 'process', 'observed session', 'outcome'], turns, (r) => ((r[7] ?? '').startsWith('refused') || r[7] === 'unconfirmed' ? 'bad' : ''))}

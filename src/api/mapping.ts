@@ -3,6 +3,7 @@
 // the offending field; ids go through the core parse* validators so the same rules hold on every
 // boundary. Responses are built from domain views; enums map both ways through explicit tables
 // (an unknown value is refused, never defaulted).
+import { parseIdleStopAfterMs } from '../core/idle-stop.ts';
 import {
   InvalidArgument,
   parseConversationId,
@@ -175,7 +176,8 @@ export function openGroupFromProto(request: OpenGroupRequest): OpenGroupInput {
     seen.add(memberId);
     return { memberId, cli: cliFromProto(m.kind, `members[${i}].kind`) };
   });
-  return { idempotencyKey, conversationId, members: parsed, ...(request.startAnew === true ? { startAnew: true } : {}) };
+  const idle = must(parseIdleStopAfterMs(request.idleStopAfterMs, 'idle_stop_after_ms'));
+  return { idempotencyKey, conversationId, members: parsed, ...(request.startAnew === true ? { startAnew: true } : {}), ...(idle !== undefined ? { idleStopAfterMs: idle } : {}) };
 }
 
 export function beginTurnFromProto(request: BeginTurnRequest): BeginTurnInput {

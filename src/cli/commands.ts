@@ -40,6 +40,7 @@ import {
   type Group,
 } from '../gen/sandboxfleet/v1/common.ts';
 import { hostPermissions } from '../core/agent-subjects.ts';
+import { protection } from '../core/idle-stop.ts';
 import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
 import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
 import { boundedInt, isLoopback, LIMITS, parseGateway, parseModel, readKeyFile, redactor, renderPreflight, runPreflight } from './preflight.ts';
@@ -51,6 +52,18 @@ import { age, bytes, isoTime, OUTPUT_FORMATS, short, streamed, structured, table
  */
 export function natsUserEntry(nkey: string, perms: ReturnType<typeof hostPermissions>): { nkey: string; permissions: { publish: { allow: string[] }; subscribe: { allow: string[] }; allow_responses: boolean } } {
   return { nkey, permissions: { publish: { allow: [...perms.publish] }, subscribe: { allow: [...perms.subscribe] }, allow_responses: perms.allowResponses } };
+}
+
+/** Every group, page by page (for the host list's UNPROTECTED column). */
+async function listAllGroups(client: AdminServiceClient, timeoutMs: number): Promise<Group[]> {
+  const groups: Group[] = [];
+  let pageToken = '';
+  do {
+    const res = await call(client, client.listGroups, { hostId: '', state: GroupState.UNSPECIFIED, pageSize: 1000, pageToken }, timeoutMs);
+    groups.push(...res.groups);
+    pageToken = res.nextPageToken;
+  } while (pageToken !== '');
+  return groups;
 }
 
 /** Where a command writes; tests and the binary pass process streams. */
@@ -92,12 +105,32 @@ function parseNonNegativeInt(v: string): number {
   return Number(v);
 }
 
-function hostRows(hosts: readonly Host[], now: number): string[][] {
+/**
+ * Whether a host loss would make the group LOST now (core `protection`): anything but a clean stop
+ * with a checkpoint, or a migration. From the API's view the latest checkpoint is taken as of the
+ * group's state (a stop whose checkpoint failed keeps pointing at an older one).
+ */
+export function unprotected(g: Group): boolean {
+  const state = stateName(groupStateToJSON(g.state), 'GROUP_STATE_') as Parameters<typeof protection>[0]['state'];
+  if (!['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED'].includes(state)) return false;
+  const p = protection({
+    state,
+    stopClean: stopOutcomeToJSON(g.stopOutcome) === 'STOP_OUTCOME_CLEAN',
+    activityVersion: g.activityVersion,
+    lastActivityAtMs: g.lastActivityAtUnixMs,
+    createdAtMs: g.createdAtUnixMs,
+    checkpointActivityVersion: g.latestCheckpointId !== '' ? g.activityVersion : undefined,
+  });
+  return p.protected === false;
+}
+
+function hostRows(hosts: readonly Host[], now: number, unprotectedByHost?: ReadonlyMap<string, number>): string[][] {
   return hosts.map((h) => [
     h.hostId,
     hostState(h.state),
     String(h.hostEpoch),
     String(h.groupCount),
+    ...(unprotectedByHost !== undefined ? [String(unprotectedByHost.get(h.hostId) ?? 0)] : []),
     h.lastHeartbeatAtUnixMs > 0 ? age(now - h.lastHeartbeatAtUnixMs) : '-',
     h.leaseExpiresAtUnixMs > 0 ? isoTime(h.leaseExpiresAtUnixMs) : '-',
     short(h.attestation?.agentBuildSha ?? ''),
@@ -106,8 +139,10 @@ function hostRows(hosts: readonly Host[], now: number): string[][] {
   ]);
 }
 const HOST_HEADER = ['HOST', 'STATE', 'EPOCH', 'GROUPS', 'HEARTBEAT', 'LEASE-END', 'AGENT-SHA', 'BRIDGE', 'REASONS'];
+/** The host list: UNPROTECTED = its groups a loss of the host would make LOST now. */
+const HOST_LIST_HEADER = ['HOST', 'STATE', 'EPOCH', 'GROUPS', 'UNPROTECTED', 'HEARTBEAT', 'LEASE-END', 'AGENT-SHA', 'BRIDGE', 'REASONS'];
 
-function groupRows(groups: readonly Group[]): string[][] {
+function groupRows(groups: readonly Group[], now: number): string[][] {
   return groups.map((g) => [
     g.groupId,
     g.conversationId,
@@ -117,10 +152,13 @@ function groupRows(groups: readonly Group[]): string[][] {
     stateName(stopOutcomeToJSON(g.stopOutcome), 'STOP_OUTCOME_').replace('UNSPECIFIED', '-'),
     String(g.members.length),
     g.latestCheckpointId || '-',
+    unprotected(g) ? 'no' : g.state === GroupState.LOST || g.state === GroupState.DESTROYED ? '-' : 'yes',
+    g.lastActivityAtUnixMs > 0 ? age(now - g.lastActivityAtUnixMs) : '-',
     g.lossReason || '-',
   ]);
 }
-const GROUP_HEADER = ['GROUP', 'CONVERSATION', 'STATE', 'HOST', 'GEN', 'STOP', 'MEMBERS', 'CHECKPOINT', 'LOSS'];
+/** PROTECTED: survives the loss of its host (stopped cleanly with a checkpoint, or moving); IDLE: since its last activity. */
+const GROUP_HEADER = ['GROUP', 'CONVERSATION', 'STATE', 'HOST', 'GEN', 'STOP', 'MEMBERS', 'CHECKPOINT', 'PROTECTED', 'IDLE', 'LOSS'];
 
 function checkpointRows(cps: readonly CheckpointInfo[], now: number): string[][] {
   return cps.map((c) => [
@@ -229,7 +267,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
   const key = (cmd: Command) => (cmd.opts<{ idempotencyKey?: string }>().idempotencyKey ?? `sandboxctl-${randomUUID()}`);
 
   program.command('hosts')
-    .description('list hosts with state, epoch, heartbeat age, lease and attestation')
+    .description('list hosts with state, epoch, unprotected groups (a loss of the host would make them LOST), heartbeat age, lease and attestation')
     .argument('[host]', 'show one host in detail')
     .option('--state <state>', 'only hosts in this state (ready, draining, unattested, ...)', parseHostStateFilter)
     .action(async (host: string | undefined, opts: { state?: HostState }, cmd: Command) => withClient(cmd, async (client, g, t) => {
@@ -258,11 +296,16 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
         hosts.push(...res.hosts);
         pageToken = res.nextPageToken;
       } while (pageToken !== '');
-      print(g, ListHostsResponse.toJSON({ hosts, nextPageToken: '' }), () => table(HOST_HEADER, hostRows(hosts, now())));
+      // The table's UNPROTECTED column: one pass over the groups (JSON/YAML keep the API's shape).
+      const byHost = new Map<string, number>();
+      if (g.output === 'table') {
+        for (const grp of await listAllGroups(client, t)) if (unprotected(grp)) byHost.set(grp.hostId, (byHost.get(grp.hostId) ?? 0) + 1);
+      }
+      print(g, ListHostsResponse.toJSON({ hosts, nextPageToken: '' }), () => table(HOST_LIST_HEADER, hostRows(hosts, now(), byHost)));
     }));
 
   program.command('groups')
-    .description('list sandbox groups')
+    .description('list sandbox groups: whether each is protected (stopped cleanly with a checkpoint, so it survives its host) and how long it has been idle')
     .argument('[group]', 'show one group with its members')
     .option('--host <host>', 'only groups placed on this host')
     .option('--state <state>', 'only groups in this state (running, stopped, lost, ...)', parseGroupStateFilter)
@@ -270,7 +313,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
       if (group !== undefined) {
         const res = await call(client, client.getGroup, { groupId: group }, t);
         print(g, GetGroupResponse.toJSON(res), () => [
-          table(GROUP_HEADER, groupRows([res.group!])),
+          table(GROUP_HEADER, groupRows([res.group!], now())),
           '',
           table(['MEMBER', 'STATE', 'LOCATOR', 'TURNS', 'CONTAINER', 'LOSS'], (res.group?.members ?? []).map((m) => [
             m.memberId, String(m.state), m.savedLocator || '-', String(m.completedTurns), short(m.containerId), m.lossReason || '-',
@@ -285,7 +328,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
         groups.push(...res.groups);
         pageToken = res.nextPageToken;
       } while (pageToken !== '');
-      print(g, ListGroupsResponse.toJSON({ groups, nextPageToken: '' }), () => table(GROUP_HEADER, groupRows(groups)));
+      print(g, ListGroupsResponse.toJSON({ groups, nextPageToken: '' }), () => table(GROUP_HEADER, groupRows(groups, now())));
     }));
 
   program.command('turns')

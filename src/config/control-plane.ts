@@ -17,6 +17,8 @@ const cliProfile = z.object({
   binary: z.string().min(1).max(4096).regex(/^[^\0\s]+$/),
   env: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,127}$/), z.string().max(32 * 1024)).refine((e) => Object.keys(e).length <= 64, 'at most 64 variables').default({}),
   args: z.array(z.string().max(4096)).max(32).optional(),
+  /** Keep the CLI running between turns (LIVE next turn); default true for Claude Code and Pi. */
+  keepProcess: z.boolean().optional(),
 }).strict();
 /** Comma-separated list from an env var (empty entries dropped). */
 const csv = z.preprocess(
@@ -112,7 +114,9 @@ export const ControlPlaneConfigSchema = z.object({
   resyncIntervalMs: durationMs(10_000, 24 * 3_600_000).default(10 * 60_000),
   /**
    * How the fleet runs each CLI's turns itself (RunTurn, R-I9): per CLI kind, the binary inside the
-   * member container, extra environment (e.g. the model gateway's base URL) and fixed arguments.
+   * member container, extra environment (e.g. the model gateway's base URL), fixed arguments, and
+   * whether its process is kept between turns (keepProcess, default true: LIVE turns; false: one
+   * process per turn, RESTORED every turn after the first, no idle CLI holding memory).
    * JSON in SANDBOXFLEET_CLI_PROFILES, e.g. {"claude_code":{"binary":"/opt/claude/claude","env":{}}}.
    */
   cliProfiles: z.preprocess(parseJsonEnv, z.object({
@@ -124,6 +128,29 @@ export const ControlPlaneConfigSchema = z.object({
    * went away (its replica restarted) is completed as not ended instead of blocking the member.
    */
   runTurnMaxMs: durationMs(60_000, 48 * 3_600_000).default(2 * 3_600_000),
+  /**
+   * Idle auto-stop (R-G2, R-G3, R-G6): a RUNNING group with no turn in flight, every member's last
+   * process exit confirmed and no activity for this long is stopped cleanly and checkpointed, so it
+   * survives the loss of its host (a running group does not). 0 = right after every completed turn;
+   * `never` turns it off. A group's own OpenGroup setting wins.
+   */
+  idleStopAfterMs: z.preprocess((v) => (typeof v === 'string' && v.trim().toLowerCase() === 'never' ? 'never' : v), z.union([z.literal('never'), durationMs(0, 7 * 24 * 3_600_000)])).default(600_000),
+  /** A group started with no turn completed since is not idle-stopped before this (its turn must begin). */
+  idleStopStartGraceMs: durationMs(0, 3_600_000).default(30_000),
+  /** Idle stops (stop + checkpoint) run at once. */
+  idleStopParallelism: z.coerce.number().int().min(1).max(64).default(4),
+  /** Idle stops started per second at most (the rest wait their turn): stops and checkpoints load the hosts. */
+  idleStopsPerSecond: z.coerce.number().min(0.01).max(1_000).default(10),
+  /** Unprotected groups (running, or stopped without a clean stop and checkpoint) older than this are counted apart for the alert. */
+  unprotectedAlertAfterMs: durationMs(60_000, 30 * 24 * 3_600_000).default(3_600_000),
+  /**
+   * Spot/preemption notice (R-H5): the time the provider gives when the notice does not say. Running
+   * groups are stopped cleanly and checkpointed off the host first (least recently active first),
+   * restores follow; the host's summary event says how many made it before this deadline.
+   */
+  spotNoticeMs: durationMs(1_000, 3_600_000).default(30_000),
+  /** Spot evacuation: clean stops + checkpoints run at once on a noticed host. */
+  spotEvacuationParallelism: z.coerce.number().int().min(1).max(256).default(16),
   /** R-G5: restore attempts (each on another host) before LOST restore_failed. */
   restoreMaxAttempts: z.coerce.number().int().min(1).max(10).default(3),
   /** Groups migrated at once (bounded parallelism). */
@@ -206,6 +233,13 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     runTurnMaxMs: env.SANDBOXFLEET_RUN_TURN_MAX_MS,
     resyncIntervalMs: env.SANDBOXFLEET_RESYNC_INTERVAL_MS,
     restoreMaxAttempts: env.SANDBOXFLEET_RESTORE_MAX_ATTEMPTS,
+    idleStopAfterMs: env.SANDBOXFLEET_IDLE_STOP_AFTER_MS,
+    idleStopStartGraceMs: env.SANDBOXFLEET_IDLE_STOP_START_GRACE_MS,
+    idleStopParallelism: env.SANDBOXFLEET_IDLE_STOP_PARALLELISM,
+    idleStopsPerSecond: env.SANDBOXFLEET_IDLE_STOPS_PER_SECOND,
+    unprotectedAlertAfterMs: env.SANDBOXFLEET_UNPROTECTED_ALERT_AFTER_MS,
+    spotNoticeMs: env.SANDBOXFLEET_SPOT_NOTICE_MS,
+    spotEvacuationParallelism: env.SANDBOXFLEET_SPOT_EVACUATION_PARALLELISM,
     migrationParallelism: env.SANDBOXFLEET_MIGRATION_PARALLELISM,
     agentCommandTimeoutMs: env.SANDBOXFLEET_AGENT_COMMAND_TIMEOUT_MS,
     leaderRenewMs: env.SANDBOXFLEET_LEADER_RENEW_MS,

@@ -38,6 +38,9 @@ import { ControlPlaneRunnerBackend } from './runner-backend.ts';
 import { ExecRelay } from './exec-relay.ts';
 import { TurnRunner } from './turn-runner.ts';
 import { ProbeResponder } from './reverse-probe.ts';
+import { IdleStopper } from './idle-stop.ts';
+import { ProtectionIndex } from './protection.ts';
+import { SpotEvacuator } from './spot-evacuation.ts';
 import { Keys, openRepositories, type ControlPlaneDeps, type Repositories } from './state.ts';
 
 export interface ControlPlaneOptions {
@@ -80,6 +83,12 @@ export class ControlPlane {
   /** Operator queries and commands (the admin service's backend). */
   readonly admin: AdminOps;
   readonly probes: ProbeResponder;
+  /** Idle auto-stop (idle-stop.ts): its own keyed queue, leader only. */
+  readonly idle: IdleStopper;
+  /** Unprotected groups per host (protection.ts), exported at scrape. */
+  readonly protection: ProtectionIndex;
+  /** Spot notices: every group saved off the host first (spot-evacuation.ts), leader only. */
+  readonly spot: SpotEvacuator;
   readonly #hostQueue: KeyedQueue;
   readonly #groupQueue: KeyedQueue;
   #timer: NodeJS.Timeout | undefined;
@@ -131,6 +140,10 @@ export class ControlPlane {
     this.admin = new AdminOps(this.ctx, opts.store, policy, this.controller, this.probes, opts.buildSha);
     this.liveness = new LivenessLoop(this.ctx);
     opts.metrics.setHeartbeatAgeSource(() => this.liveness.heartbeatAges());
+    this.idle = new IdleStopper(this.ctx);
+    this.protection = new ProtectionIndex(this.fleet);
+    opts.metrics.setUnprotectedSource(() => this.protection.summary(now(), opts.config.unprotectedAlertAfterMs));
+    this.spot = new SpotEvacuator(this.ctx, this.controller);
 
     const onError = (queue: string) => (key: string, err: unknown) => {
       opts.metrics.reconciles.inc({ queue, result: 'error' });
@@ -146,7 +159,10 @@ export class ControlPlane {
       opts.metrics.reconciles.inc({ queue: 'groups', result: 'ok' });
       return this.controller.reconcileGroup(groupId);
     }, { concurrency: opts.config.migrationParallelism, onError: onError('groups'), now });
-    this.fleet.onHostChange((_key, before, after) => this.#hostChanged(before, after));
+    this.fleet.onHostChange((_key, before, after) => {
+      this.#hostChanged(before, after);
+      this.spot.hostChanged(before, after);
+    });
     this.fleet.onGroupChange((_key, before, after) => this.#groupChanged(before, after));
   }
 
@@ -240,6 +256,8 @@ export class ControlPlane {
       this.#groupQueue.start();
       this.#lastResyncMs = this.ctx.now();
       this.#enqueueAll();
+      this.idle.startLeading();
+      this.spot.startLeading();
     }
     this.liveness.observeTick();
     if (this.ctx.now() - this.#lastResyncMs >= this.opts.config.resyncIntervalMs) {
@@ -254,6 +272,8 @@ export class ControlPlane {
     this.#leading = false;
     this.#hostQueue.stop();
     this.#groupQueue.stop();
+    this.idle.stopLeading();
+    this.spot.stopLeading();
     // Leader-only gauges would freeze here while the new leader exports fresh ones (read with max()).
     this.ctx.metrics.leadershipLost();
   }
@@ -264,6 +284,8 @@ export class ControlPlane {
     for (const s of ['PENDING', 'RUNNING', 'STOPPING', 'STOPPED', 'MIGRATING', 'LOST', 'DESTROYED']) metrics.groups.set({ state: s }, this.fleet.groupCountsByState().get(s) ?? 0);
     metrics.reconcileQueueDepth.set({ queue: 'hosts' }, this.#hostQueue.depth);
     metrics.reconcileQueueDepth.set({ queue: 'groups' }, this.#groupQueue.depth);
+    metrics.reconcileQueueDepth.set({ queue: 'idle' }, this.idle.depth);
+    metrics.reconcileQueueDepth.set({ queue: 'spot' }, this.spot.depth);
     metrics.readModelRecords.set({ bucket: 'groups', validity: 'valid' }, this.fleet.groupCount());
     metrics.readModelRecords.set({ bucket: 'groups', validity: 'invalid' }, this.fleet.invalidGroupCount());
     metrics.readModelRecords.set({ bucket: 'checkpoints', validity: 'valid' }, this.fleet.checkpointCount());
@@ -332,7 +354,7 @@ export class ControlPlane {
 
   /** Wait until both reconcile queues have nothing ready or running (tests). */
   async whenIdle(): Promise<void> {
-    await Promise.all([this.#hostQueue.whenIdle(), this.#groupQueue.whenIdle()]);
+    await Promise.all([this.#hostQueue.whenIdle(), this.#groupQueue.whenIdle(), this.idle.whenIdle(), this.spot.whenIdle()]);
   }
 
   /** Operator drain (R-H5): the host's groups are stopped cleanly, checkpointed and moved. */
@@ -351,6 +373,9 @@ export class ControlPlane {
     await this.#running?.catch(() => undefined);
     this.#hostQueue.stop();
     this.#groupQueue.stop();
+    this.idle.close();
+    this.spot.stopLeading();
+    this.protection.close();
     await this.whenIdle();
     await this.#refreshing;
     this.probes.stop();

@@ -44,3 +44,20 @@ export function decideEvacuationStep(g: EvacuationView, nowMs: number, turnWaitM
       return { action: 'plan_restore' };
   }
 }
+
+/**
+ * How long a planned evacuation waits for a turn in flight before stopping anyway: `turnWaitMs`, but
+ * under a spot notice at most a third of the notice, so the stop and the checkpoint still fit in it.
+ */
+export function turnWaitFor(ev: Evacuation | undefined, config: { readonly turnWaitMs: number; readonly spotNoticeMs: number }): number {
+  if (ev?.kind === 'planned' && ev.source === 'spot_preemption') return Math.min(config.turnWaitMs, Math.floor(config.spotNoticeMs / 3));
+  return config.turnWaitMs;
+}
+
+/**
+ * The order a noticed host's groups are saved in (R-H5): least recently active first — the longest
+ * idle are the likeliest to have no turn in flight and the cheapest to stop — ties by id.
+ */
+export function spotSaveOrder<T extends { readonly groupId: string; readonly lastActivityAtMs: number }>(groups: readonly T[]): T[] {
+  return [...groups].sort((a, b) => a.lastActivityAtMs - b.lastActivityAtMs || (a.groupId < b.groupId ? -1 : a.groupId > b.groupId ? 1 : 0));
+}

@@ -29,11 +29,11 @@ import { manifestToProto, verifyCheckpoint } from './checkpoints.ts';
 import { candidates, describeError, isTerminal } from './fleet.ts';
 import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
-import { decideEvacuationStep } from './evacuation-policy.ts';
+import { decideEvacuationStep, turnWaitFor } from './evacuation-policy.ts';
 import { markEvacuation } from './evacuations.ts';
 import type { ReconcileResult } from './keyed-queue.ts';
 import { chooseHost } from './placement.ts';
-import type { Evacuation, GroupRecord, HostRecord } from './records.ts';
+import type { CheckpointRecord, Evacuation, GroupRecord, HostRecord } from './records.ts';
 import { Keys } from './state.ts';
 
 /** What the controller uses: group operations' ports (it runs their steps). */
@@ -110,7 +110,7 @@ export class MigrationController {
     const g = current.value;
     const ev = g.evacuation;
     const lc = g.lifecycle;
-    const decision = decideEvacuationStep({ lifecycle: lc, memberPhases: g.members.map((m) => m.session.phase), evacuation: ev }, this.ctx.now(), this.ctx.config.turnWaitMs);
+    const decision = decideEvacuationStep({ lifecycle: lc, memberPhases: g.members.map((m) => m.session.phase), evacuation: ev }, this.ctx.now(), turnWaitFor(ev, this.ctx.config));
     switch (decision.action) {
       case 'none':
         return 'done';
@@ -137,20 +137,12 @@ export class MigrationController {
   async #planRestore(g: GroupRecord, ev: Evacuation): Promise<StepResult> {
     const lc = g.lifecycle;
     const now = this.ctx.now();
-    let record = g.latestCheckpointId === undefined ? undefined : await this.ctx.checkpoints.get(g.groupId, g.latestCheckpointId);
-    if (ev.kind === 'planned' && (record === undefined || record.activityVersion !== lc.activityVersion)) {
-      // The source still runs: take the checkpoint now (R-G3 "before migration").
-      await this.hook('before_checkpoint', g.groupId);
-      try {
-        record = await this.#ops.checkpoint(g.groupId);
-      } catch (err) {
-        this.ctx.logger.warn({ groupId: g.groupId, ...describeError(err) }, 'checkpoint on departing host failed');
-        // The agent found a member's native session missing from its layer: no retry can bring it back.
-        if (err instanceof AgentCommandFailed && err.reason === 'session_files_missing') return this.#lose(g, 'session_files_missing', err.message);
-        return now > ev.deadlineMs ? this.#lose(g, 'no_checkpoint', 'no checkpoint could be taken before the deadline') : 'waiting';
-      }
-      await this.hook('after_checkpoint', g.groupId);
-    }
+    const ensured = await this.#ensureCheckpoint(g, ev);
+    if (typeof ensured === 'string') return ensured;
+    const record = ensured.record;
+    // Spot notice: every group of the host is stopped and checkpointed off it first; the restores
+    // (which need no source) follow, so they take nothing from the notice's time.
+    if (ev.kind === 'planned' && ev.source === 'spot_preemption' && now < this.#spotDeadline(ev) && this.#siblingsUnsaved(ev.sourceHostId, g.groupId)) return 'waiting';
 
     // Never the source, even one that only lost this group's containers: a migration to the same
     // host is refused by core, and the source's cleanup removes every generation of the group there.
@@ -181,6 +173,103 @@ export class MigrationController {
       (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion);
     await this.hook('after_intent', g.groupId);
     return 'progress';
+  }
+
+  /**
+   * A planned departure's checkpoint (R-G3 "before migration"): the latest when it covers the
+   * group's state, else taken now on the still-running source. A StepResult when the step ends here.
+   */
+  async #ensureCheckpoint(g: GroupRecord, ev: Evacuation): Promise<{ record: CheckpointRecord | undefined } | StepResult> {
+    const lc = g.lifecycle;
+    let record = g.latestCheckpointId === undefined ? undefined : await this.ctx.checkpoints.get(g.groupId, g.latestCheckpointId);
+    if (ev.kind === 'planned' && (record === undefined || record.activityVersion !== lc.activityVersion)) {
+      await this.hook('before_checkpoint', g.groupId);
+      try {
+        record = await this.#ops.checkpoint(g.groupId);
+      } catch (err) {
+        this.ctx.logger.warn({ groupId: g.groupId, ...describeError(err) }, 'checkpoint on departing host failed');
+        // The agent found a member's native session missing from its layer: no retry can bring it back.
+        if (err instanceof AgentCommandFailed && err.reason === 'session_files_missing') return this.#lose(g, 'session_files_missing', err.message);
+        return this.ctx.now() > ev.deadlineMs ? this.#lose(g, 'no_checkpoint', 'no checkpoint could be taken before the deadline') : 'waiting';
+      }
+      await this.hook('after_checkpoint', g.groupId);
+    }
+    return { record };
+  }
+
+  /**
+   * Spot evacuation, first phase (R-H5, R-G2, R-G3): bring one group of a noticed host to "stopped
+   * cleanly and checkpointed off the host" — wait (bounded) for a turn in flight, stop, checkpoint —
+   * and no further: restores are the groups queue's, after every group of the host got here.
+   * `saved` also for a group already MIGRATING or moved off the host; `lost` when it became LOST.
+   */
+  async saveBeforeDeparture(groupId: string): Promise<'saved' | 'lost' | 'waiting' | 'busy' | 'none'> {
+    if (this.#inProgress.has(groupId)) return 'busy';
+    const cached = this.ctx.fleet.group(Keys.group(groupId))?.value;
+    if (cached === undefined) return 'none';
+    const host = this.ctx.fleet.host(Keys.host(cached.lifecycle.hostId))?.value;
+    const wanted = evacuationFor(host);
+    if (wanted !== undefined && !isTerminal(cached) && cached.evacuation?.kind !== wanted.kind && cached.evacuation?.kind !== 'unplanned') {
+      await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, cached.lifecycle.hostId);
+    }
+    this.#inProgress.add(groupId);
+    try {
+      for (let i = 0; i < 8; i++) {
+        const g = (await this.ctx.groups.get(groupId))?.value;
+        if (g === undefined) return 'none';
+        if (g.lifecycle.state === 'LOST') return 'lost';
+        if (g.lifecycle.state === 'DESTROYED') return 'none';
+        if (g.lifecycle.state === 'MIGRATING') return 'saved';
+        const ev = g.evacuation;
+        if (ev === undefined) return g.lifecycle.state === 'STOPPED' && g.lifecycle.stop?.clean === true ? 'saved' : 'none';
+        const decision = decideEvacuationStep({ lifecycle: g.lifecycle, memberPhases: g.members.map((m) => m.session.phase), evacuation: ev }, this.ctx.now(), turnWaitFor(ev, this.ctx.config));
+        switch (decision.action) {
+          case 'wait':
+            return 'waiting';
+          case 'stop':
+            await this.hook('before_stop', groupId);
+            await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, `evacuation: ${ev.source}`);
+            await this.hook('after_stop', groupId);
+            continue;
+          case 'lost':
+            await this.#lose(g, decision.reason, decision.why);
+            return 'lost';
+          case 'plan_restore': {
+            if (ev.kind !== 'planned') return 'none';
+            const ensured = await this.#ensureCheckpoint(g, ev);
+            if (ensured === 'waiting') return 'waiting';
+            if (typeof ensured === 'string') return 'lost';
+            return ensured.record !== undefined ? 'saved' : 'waiting';
+          }
+          default:
+            return 'none';
+        }
+      }
+      return 'waiting';
+    } finally {
+      this.#inProgress.delete(groupId);
+    }
+  }
+
+  /** When a spot evacuation's notice runs out (the notice's own deadline when known, else the configured notice). */
+  #spotDeadline(ev: Evacuation): number {
+    return this.spotDeadlineOf(ev.sourceHostId) ?? ev.startedAtMs + this.ctx.config.spotNoticeMs;
+  }
+
+  /** Set by the spot evacuator: the deadline of a host's notice, when it knows it. */
+  spotDeadlineOf: (hostId: string) => number | undefined = () => undefined;
+
+  /** Whether another live group on `hostId` is not yet stopped cleanly with a checkpoint of its state. */
+  #siblingsUnsaved(hostId: string, except: string): boolean {
+    for (const key of this.ctx.fleet.groupKeysOnHost(hostId)) {
+      const g = this.ctx.fleet.group(key)?.value;
+      if (g === undefined || g.groupId === except || isTerminal(g) || g.lifecycle.hostId !== hostId) continue;
+      if (g.lifecycle.state === 'MIGRATING') continue;
+      if (g.lifecycle.state !== 'STOPPED' || g.lifecycle.stop?.clean !== true) return true;
+      const latest = g.latestCheckpointId === undefined ? undefined : this.ctx.fleet.checkpoint(Keys.checkpoint(g.groupId, g.latestCheckpointId));
+      if (latest?.activityVersion !== g.lifecycle.activityVersion) return true;
+    }
+    return false;
   }
 
   /** MIGRATING: restore on the target; prove it; switch placement by CAS (R-G5). */

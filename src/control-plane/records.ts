@@ -23,6 +23,7 @@ import {
   type MemberSession,
 } from '../core/index.ts';
 import { TURN_END_KIND_NAMES } from '../core/runner-port.ts';
+import { IDLE_STOP_MAX_MS } from '../core/idle-stop.ts';
 
 const id = z.string().min(1).max(256);
 const ms = z.number().int().nonnegative();
@@ -109,6 +110,8 @@ export const GroupLifecycleSchema = z.object({
   generation: z.number().int().nonnegative(),
   activityVersion: z.number().int().nonnegative(),
   lastActivityAtMs: ms,
+  /** Set while RUNNING/STOPPING: when the containers last started (the unprotected exposure's start). */
+  runningSinceMs: ms.optional(),
   stop: stopVerdict.optional(),
   migration: z.object({ targetHostId: id, checkpointId: id }).optional(),
   lostReason: LossReasonSchema.optional(),
@@ -301,6 +304,12 @@ export const GroupRecordSchema = z.object({
   }).optional(),
   /** When the last native turn completed (manifest evidence). */
   lastTurnCompletedAtMs: ms.optional(),
+  /**
+   * The group's own idle auto-stop (OpenGroup's idle_stop_after_ms): milliseconds without activity
+   * before it is stopped cleanly and checkpointed (0: after every completed turn), or never; absent:
+   * the fleet's `idleStopAfterMs`.
+   */
+  idleStopAfterMs: z.union([z.number().int().min(0).max(IDLE_STOP_MAX_MS), z.literal('never')]).optional(),
   /** When the group became LOST: its layers are kept for the retention period from here (R-R6). */
   lostAtMs: ms.optional(),
   /** What made it LOST, in words (an agent's refusal message, a failed step), for operators. */

@@ -55,6 +55,7 @@ import {
   type Reason,
 } from '../core/index.ts';
 import { isSafeId } from '../core/checkpoint-manifest.ts';
+import { parseIdleStopAfterMs, type IdleStopAfter } from '../core/idle-stop.ts';
 import type { BeginTurnInput, BeginTurnView, CompleteTurnInput, CompleteTurnView, GroupView, OpenGroupInput, RunnerBackend, StopGroupInput, StopGroupView, TurnEvidenceInput } from '../core/runner-port.ts';
 import { ContainerState } from '../gen/sandboxfleet/v1/agent.ts';
 import { CasConflictError } from '../store/errors.ts';
@@ -276,7 +277,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const startAnew = input.startAnew === true;
     // start_anew is part of the request (a key reused without it is another request); absent when
     // false, so the answers stored before the field existed still match their repeats.
-    return withIdempotency(this.ctx, 'open', input.idempotencyKey, { conversationId, members, ...(startAnew ? { startAnew } : {}) }, async () => {
+    // The group's idle auto-stop (absent: the fleet's default), in the request hash only when set.
+    const idle = input.idleStopAfterMs;
+    if (idle !== undefined && idle !== 'never') must(parseIdleStopAfterMs(idle));
+    return withIdempotency(this.ctx, 'open', input.idempotencyKey, { conversationId, members, ...(startAnew ? { startAnew } : {}), ...(idle !== undefined ? { idle } : {}) }, async () => {
       const convKey = Keys.conversation(conversationId);
       const conv = await this.ctx.conversations.get(convKey);
       let previous: string | undefined;
@@ -284,6 +288,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         const existing = await this.ctx.groups.get(conv.value.groupId);
         if (existing !== undefined && !isTerminal(existing.value)) {
           requireSameMembers(existing.value, members);
+          if (idle !== undefined && existing.value.idleStopAfterMs !== idle) await this.#setIdleStop(existing.value.groupId, idle);
           if (existing.value.lifecycle.state === 'PENDING') await this.#finishOpening(existing.value);
           return { group: await this.#viewOf(existing.value.groupId), created: false };
         }
@@ -312,6 +317,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
           members: members.map((m): MemberRecord => ({ session: newMemberSession(m.memberId, m.cli) })),
           starts: 0,
           stops: 0,
+          ...(idle !== undefined ? { idleStopAfterMs: idle } : {}),
           createdAtMs: now,
           updatedAtMs: now,
         };
@@ -329,6 +335,11 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       await this.#finishOpening(group);
       return { group: await this.#viewOf(groupId), created: true };
     });
+  }
+
+  /** Reopening a live group with another idle auto-stop changes its setting (the idle queue re-judges it). */
+  async #setIdleStop(groupId: string, idle: IdleStopAfter): Promise<void> {
+    await this.ctx.groups.transact(groupId, (c) => (c === undefined || isTerminal(c) || c.idleStopAfterMs === idle ? undefined : { record: { ...c, idleStopAfterMs: idle, updatedAtMs: this.ctx.now() } }));
   }
 
   async #claimConversation(conversationId: string, groupId: string, revision: number | undefined): Promise<void> {
@@ -389,6 +400,24 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
   }
 
+  /**
+   * Wait (bounded: the stop grace plus 10 s) until the read model no longer shows the group
+   * STOPPING; UNAVAILABLE if it still does. The caller then decides again from a fresh read.
+   */
+  async #awaitStopEnd(groupId: string, seenRevision: number): Promise<void> {
+    const until = this.ctx.now() + this.ctx.config.stopGraceMs + 10_000;
+    const key = Keys.group(groupId);
+    const stopping = (): boolean => {
+      const m = this.ctx.fleet.group(key);
+      // A model behind the record we read still has to show the stop.
+      return m === undefined || m.revision <= seenRevision || m.value.lifecycle.state === 'STOPPING';
+    };
+    while (stopping()) {
+      if (this.ctx.now() > until) throw new Unavailable('host_unreachable', `group ${groupId} is still stopping; retry shortly`, { details: { groupId, state: 'STOPPING' } });
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
   /** The group record to decide from: the cached copy on a first attempt, else a fresh read. */
   async #load(groupId: string, useCache: boolean): Promise<{ gv: Versioned<GroupRecord>; cached: boolean }> {
     const hit = useCache ? this.#groups.get(groupId) : undefined;
@@ -424,6 +453,13 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     if (state === 'LOST' || state === 'DESTROYED') {
       this.ctx.metrics.turns.inc({ context_state: 'LOST', cli: member0.session.cli });
       throw groupLostRefusal(g0, memberId);
+    }
+    if (state === 'STOPPING' && g0.evacuation === undefined) {
+      // A stop (an idle stop, a runner's StopGroup) is under way: wait for it, then start the group
+      // again (RESTORED) instead of refusing the turn.
+      fresh();
+      await this.#awaitStopEnd(groupId, gv.revision);
+      throw new NeedsFreshRead();
     }
     if (state === 'MIGRATING' || state === 'STOPPING' || g0.evacuation !== undefined) {
       fresh();

@@ -37,6 +37,11 @@ export interface GroupLifecycle {
   /** +1 on every event that can change native state (start, completed turn, stop). */
   readonly activityVersion: number;
   readonly lastActivityAtMs: number;
+  /**
+   * Set in RUNNING and STOPPING: when the containers last started. Until a clean stop and a
+   * checkpoint the group is unprotected (a host loss makes it LOST, R-G6): the exposure's start.
+   */
+  readonly runningSinceMs?: number;
   /** The verdict of the last stop; set in STOPPED and MIGRATING. */
   readonly stop?: StopVerdict;
   /** Set in MIGRATING. */
@@ -89,7 +94,7 @@ export function transitionGroup(group: GroupLifecycle, event: GroupEvent, nowMs:
     case 'started':
       // An unclean group may still resume on the same host (R-G2).
       if (group.state !== 'PENDING' && group.state !== 'STOPPED') return refuse(group, event);
-      return ok({ ...base(group), ...touched(group, nowMs), state: 'RUNNING' });
+      return ok({ ...base(group), ...touched(group, nowMs), state: 'RUNNING', runningSinceMs: nowMs });
     case 'turn_completed':
       if (group.state !== 'RUNNING' && group.state !== 'STOPPING') return refuse(group, event);
       return ok({ ...group, ...touched(group, nowMs) });

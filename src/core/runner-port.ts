@@ -2,6 +2,7 @@
 // plane, in domain types. The control plane implements it (src/control-plane), the API layer
 // (src/api) maps protobuf to it; neither imports the other. Methods throw FleetError subclasses
 // (errors.ts) for refusals; src/api maps each to a gRPC status with the reason in the details.
+import type { IdleStopAfter } from './idle-stop.ts';
 import type { CliKind } from './turn-end-evidence.ts';
 import type { GroupState } from './group.ts';
 import type { MemberPhase, TurnOutcome, ContextState } from './member-session.ts';
@@ -83,6 +84,11 @@ export interface OpenGroupInput {
    * a conversation is refused `conversation_lost`; ignored while its group is alive.
    */
   readonly startAnew?: boolean | undefined;
+  /**
+   * The group's idle auto-stop (core idle-stop.ts): ms without activity before a clean stop and a
+   * checkpoint (0: after every completed turn), or never; absent: the fleet's default.
+   */
+  readonly idleStopAfterMs?: IdleStopAfter | undefined;
 }
 
 export interface BeginTurnInput {

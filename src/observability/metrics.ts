@@ -13,6 +13,15 @@ export type LostSessionsCounter = Omit<Counter<'reason'>, 'inc'> & {
   inc(labels: { readonly reason: LostSessionReason }, value?: number): void;
 };
 
+/** One host's unprotected groups, as exported per scrape. */
+export interface UnprotectedHostSummary {
+  readonly hostId: string;
+  readonly count: number;
+  /** Of `count`, those unprotected for longer than the alert age. */
+  readonly longCount: number;
+  readonly oldestAgeSeconds: number;
+}
+
 export class FleetMetrics {
   readonly registry: Registry;
   /** R-I3: turns by context state (NEW/LIVE/RESTORED/LOST) and CLI kind. */
@@ -63,6 +72,22 @@ export class FleetMetrics {
   readonly execs: Counter<'end'>;
   /** Turns run by the fleet (RunTurn) by CLI and how they ended (succeeded, failed, not_ended). */
   readonly runTurns: Counter<'cli' | 'ended'>;
+  /**
+   * Unprotected groups (R-G6): running, or stopped without a clean stop and a checkpoint of their
+   * state, so LOST if their host dies now; by host, computed when scraped from the read model (see
+   * setUnprotectedSource). `_long` counts those unprotected for longer than the configured alert age.
+   */
+  readonly unprotectedGroups: Gauge<'host'>;
+  readonly unprotectedGroupsLong: Gauge<'host'>;
+  readonly unprotectedOldestAge: Gauge<'host'>;
+  #unprotected: (() => readonly UnprotectedHostSummary[]) | undefined;
+  /** Idle auto-stops by result: stopped (clean, then checkpointed), unclean, lost_race (a turn got in first), failed. */
+  readonly idleStops: Counter<'result'>;
+  /**
+   * Spot evacuation of a noticed host (set by the leader): its running groups clean-stopped and
+   * checkpointed off the host, by result (saved_before_deadline, saved_after_deadline, lost, pending).
+   */
+  readonly spotEvacuation: Gauge<'host' | 'result'>;
   /** Keys waiting in a reconciler's queue, and reconciles by result. */
   readonly reconcileQueueDepth: Gauge<'queue'>;
   readonly reconciles: Counter<'queue' | 'result'>;
@@ -105,6 +130,32 @@ export class FleetMetrics {
     this.readModelLag = new Gauge({ name: 'sandboxfleet_read_model_lag_revisions', help: 'Revisions the read model is behind its buckets at the last check (0: caught up)', registers });
     this.readModelRecords = new Gauge({ name: 'sandboxfleet_read_model_records', help: 'Records in the read model by bucket, and records kept aside as invalid', labelNames: ['bucket', 'validity'], registers });
     this.hostCopyVerdicts = new Counter({ name: 'sandboxfleet_host_copy_verdicts_total', help: 'Verdicts on group copies a registering host holds (keep, stop, delete), by reason', labelNames: ['action', 'reason'], registers });
+    const unprotected = (): readonly UnprotectedHostSummary[] | undefined => this.#unprotected?.();
+    // One source call per scrape feeds all three gauges (the first collected computes, the others reuse).
+    let lastSummary: { at: number; rows: readonly UnprotectedHostSummary[] } | undefined;
+    const summary = (): readonly UnprotectedHostSummary[] | undefined => {
+      const t = Date.now();
+      if (lastSummary === undefined || t - lastSummary.at > 100) {
+        const rows = unprotected();
+        if (rows === undefined) return undefined;
+        lastSummary = { at: t, rows };
+      }
+      return lastSummary.rows;
+    };
+    const perHost = (name: string, help: string, pick: (r: UnprotectedHostSummary) => number): Gauge<'host'> => new Gauge({
+      name, help, labelNames: ['host'], registers,
+      collect() {
+        const rows = summary();
+        if (rows === undefined) return;
+        this.reset();
+        for (const r of rows) this.set({ host: r.hostId }, pick(r));
+      },
+    });
+    this.unprotectedGroups = perHost('sandboxfleet_unprotected_groups', 'Groups a loss of their host would make LOST now (running, or stopped without a clean stop and a checkpoint of their state), by host', (r) => r.count);
+    this.unprotectedGroupsLong = perHost('sandboxfleet_unprotected_groups_long', 'Unprotected groups that have been so for longer than the configured alert age, by host', (r) => r.longCount);
+    this.unprotectedOldestAge = perHost('sandboxfleet_unprotected_group_oldest_age_seconds', 'How long the longest-unprotected group on the host has been unprotected', (r) => r.oldestAgeSeconds);
+    this.idleStops = new Counter({ name: 'sandboxfleet_idle_stops_total', help: 'Idle auto-stops by result (stopped: clean and checkpointed, unclean, lost_race: a turn got in first, failed)', labelNames: ['result'], registers });
+    this.spotEvacuation = new Gauge({ name: 'sandboxfleet_spot_evacuation_groups', help: 'Groups of a host under a spot notice by result: clean-stopped and checkpointed before or after the notice deadline, lost, pending', labelNames: ['host', 'result'], registers });
     this.reconcileQueueDepth = new Gauge({ name: 'sandboxfleet_reconcile_queue_depth', help: 'Keys waiting in a reconcile queue (ready, parked or running)', labelNames: ['queue'], registers });
     this.reconciles = new Counter({ name: 'sandboxfleet_reconciles_total', help: 'Reconciles by queue and result (ok, error)', labelNames: ['queue', 'result'], registers });
     this.casConflicts = new Counter({ name: 'sandboxfleet_state_cas_conflicts_total', help: 'Compare-and-set conflicts on state writes, by bucket', labelNames: ['bucket'], registers });
@@ -114,6 +165,7 @@ export class FleetMetrics {
     for (const reason of LOST_SESSION_REASONS) this.lostSessions.inc({ reason }, 0);
     for (const reason of ATTESTATION_REASONS) this.attestationRefusals.inc({ reason }, 0);
     for (const result of ['swept', 'deferred', 'idle']) this.gcPasses.inc({ result }, 0);
+    for (const result of ['stopped', 'unclean', 'lost_race', 'failed']) this.idleStops.inc({ result }, 0);
   }
 
   /**
@@ -122,6 +174,11 @@ export class FleetMetrics {
    */
   setHeartbeatAgeSource(source: () => readonly { readonly hostId: string; readonly ageSeconds: number }[]): void {
     this.#heartbeatAges = source;
+  }
+
+  /** Where scrapes read the unprotected groups per host from (the control plane's read model). */
+  setUnprotectedSource(source: () => readonly UnprotectedHostSummary[]): void {
+    this.#unprotected = source;
   }
 
   /**
@@ -133,5 +190,6 @@ export class FleetMetrics {
     this.groups.reset();
     this.checkpointAge.set(0);
     this.groupsWithoutCheckpoint.set(0);
+    this.spotEvacuation.reset();
   }
 }

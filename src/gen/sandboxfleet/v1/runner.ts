@@ -95,7 +95,19 @@ export interface OpenGroupRequest {
    * conversation names it from then on. Ignored while the conversation's group is alive (the call
    * then answers that group, created = false), so a retry never opens a second new group.
    */
-  startAnew?: boolean | undefined;
+  startAnew?:
+    | boolean
+    | undefined;
+  /**
+   * Idle auto-stop for this group: milliseconds with no turn in flight, every member's last process
+   * exit confirmed and no activity, after which the control plane stops the group cleanly and
+   * checkpoints it (a stopped group with a checkpoint survives the loss of its host; a running one
+   * is LOST). 0 = stop right after every completed turn; -1 = never; absent = the fleet's default.
+   * At most 604800000 (a week); anything else is INVALID_ARGUMENT out_of_range (field
+   * idleStopAfterMs). The next BeginTurn or RunTurn starts a stopped group again (RESTORED).
+   * Reopening a live group with another value changes its setting.
+   */
+  idleStopAfterMs?: number | undefined;
 }
 
 export interface OpenGroupResponse {
@@ -392,7 +404,7 @@ export const MemberSpec: MessageFns<MemberSpec> = {
 };
 
 function createBaseOpenGroupRequest(): OpenGroupRequest {
-  return { idempotencyKey: "", conversationId: "", members: [], startAnew: undefined };
+  return { idempotencyKey: "", conversationId: "", members: [], startAnew: undefined, idleStopAfterMs: undefined };
 }
 
 export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
@@ -408,6 +420,9 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
     }
     if (message.startAnew !== undefined) {
       writer.uint32(32).bool(message.startAnew);
+    }
+    if (message.idleStopAfterMs !== undefined) {
+      writer.uint32(40).int64(message.idleStopAfterMs);
     }
     return writer;
   },
@@ -457,6 +472,14 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
             message.startAnew = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.idleStopAfterMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -487,6 +510,11 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
         : isSet(object.start_anew)
         ? globalThis.Boolean(object.start_anew)
         : undefined,
+      idleStopAfterMs: isSet(object.idleStopAfterMs)
+        ? globalThis.Number(object.idleStopAfterMs)
+        : isSet(object.idle_stop_after_ms)
+        ? globalThis.Number(object.idle_stop_after_ms)
+        : undefined,
     };
   },
 
@@ -504,6 +532,9 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
     if (message.startAnew !== undefined) {
       obj.startAnew = message.startAnew;
     }
+    if (message.idleStopAfterMs !== undefined) {
+      obj.idleStopAfterMs = Math.round(message.idleStopAfterMs);
+    }
     return obj;
   },
 
@@ -516,6 +547,7 @@ export const OpenGroupRequest: MessageFns<OpenGroupRequest> = {
     message.conversationId = object.conversationId ?? "";
     message.members = object.members?.map((e) => MemberSpec.fromPartial(e)) || [];
     message.startAnew = object.startAnew ?? undefined;
+    message.idleStopAfterMs = object.idleStopAfterMs ?? undefined;
     return message;
   },
 };

@@ -1,0 +1,247 @@
+// Idle auto-stop (R-G2, R-G3, R-G6): a RUNNING group that sits idle between turns is stopped cleanly
+// and checkpointed, so the loss of its host restores it instead of making it LOST. A keyed reconciler
+// on the leader, fed by the read model's group changes (never a scan of all groups on a timer): each
+// change re-judges its group with core's decideIdleStop and parks the key until the group's own idle
+// deadline (requeueAfter). The stop itself is a compare-and-set that re-checks the rule on the stored
+// record, so a BeginTurn that got in first wins and the stop is not taken; a BeginTurn that comes
+// after the stop waits for it and starts the group again (RESTORED). Stops are rate-limited
+// (idleStopsPerSecond) and bounded in parallel (idleStopParallelism).
+// The same queue retries the checkpoint of its own clean stops until one covers the group's state,
+// and finishes a stop that a crash left STOPPING.
+import { decideIdleStop, type IdleStopAfter, type IdleStopDecision } from '../core/idle-stop.ts';
+import { describeError, isTerminal } from './fleet.ts';
+import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
+import { KeyedQueue, type ReconcileResult } from './keyed-queue.ts';
+import type { GroupRecord } from './records.ts';
+import { Keys } from './state.ts';
+
+/** Retry of a checkpoint that failed (the host busy, the group started again in between, ...). */
+const CHECKPOINT_RETRY_MS = 30_000;
+/** A STOPPING group is left to whoever stops it for the grace plus this, then its stop is finished here. */
+const STOP_FINISH_MARGIN_MS = 15_000;
+
+/** What the idle queue has to do for a group now. */
+export type IdleWork =
+  | { readonly kind: 'none' }
+  | { readonly kind: 'wait'; readonly atMs: number }
+  /** RUNNING and idle for long enough: stop it cleanly, then checkpoint it. */
+  | { readonly kind: 'stop' }
+  /** STOPPING for longer than a stop takes (a crash cut it off): finish the stop (same command id). */
+  | { readonly kind: 'finish_stop' }
+  /** STOPPED clean by an idle stop, without a checkpoint of its state yet: take it. */
+  | { readonly kind: 'checkpoint' };
+
+/** The group's idle-stop setting: its own (OpenGroup), else the fleet's. */
+export function idleStopAfterOf(g: GroupRecord, fleetDefault: IdleStopAfter): IdleStopAfter {
+  return g.idleStopAfterMs ?? fleetDefault;
+}
+
+/** Core's decision on a stored group record. */
+export function idleDecision(g: GroupRecord, after: IdleStopAfter, startGraceMs: number, nowMs: number): IdleStopDecision {
+  return decideIdleStop({
+    state: g.lifecycle.state,
+    evacuating: g.evacuation !== undefined,
+    lastActivityAtMs: g.lifecycle.lastActivityAtMs,
+    lastTurnCompletedAtMs: g.lastTurnCompletedAtMs,
+    members: g.members.map((m) => ({ phase: m.session.phase, processKept: m.session.process !== undefined, exitUnconfirmed: m.session.reclaim !== undefined })),
+  }, { after, startGraceMs }, nowMs);
+}
+
+export interface IdleWorkSettings {
+  readonly idleStopAfterMs: IdleStopAfter;
+  readonly idleStopStartGraceMs: number;
+  readonly stopGraceMs: number;
+}
+
+/**
+ * What the idle queue does for `g` (pure). `checkpointCovers`: the group's latest checkpoint is of
+ * its current state (the read model's checkpoint index; false while unknown). `ownStop`: this
+ * leader's idle stop stopped it (a runner's StopGroup takes its own checkpoint).
+ */
+export function idleWork(g: GroupRecord, checkpointCovers: boolean, ownStop: boolean, s: IdleWorkSettings, nowMs: number): IdleWork {
+  if (isTerminal(g) || g.evacuation !== undefined) return { kind: 'none' };
+  const after = idleStopAfterOf(g, s.idleStopAfterMs);
+  switch (g.lifecycle.state) {
+    case 'RUNNING': {
+      const d = idleDecision(g, after, s.idleStopStartGraceMs, nowMs);
+      return d.action === 'stop' ? { kind: 'stop' } : d.action === 'wait' ? { kind: 'wait', atMs: d.atMs } : { kind: 'none' };
+    }
+    case 'STOPPING': {
+      const atMs = g.updatedAtMs + s.stopGraceMs + STOP_FINISH_MARGIN_MS;
+      return nowMs >= atMs ? { kind: 'finish_stop' } : { kind: 'wait', atMs };
+    }
+    case 'STOPPED': {
+      if (!ownStop || g.lifecycle.stop?.clean !== true || checkpointCovers) return { kind: 'none' };
+      return { kind: 'checkpoint' };
+    }
+    default:
+      return { kind: 'none' };
+  }
+}
+
+/** Spaces idle stops out: at most `perSecond` starts a second (stops and checkpoints load hosts). */
+class StartPacer {
+  #nextMs = 0;
+
+  constructor(private readonly perSecond: number) {}
+
+  /** 0 when a start may go now (and is counted); else how long to wait. */
+  take(nowMs: number): number {
+    if (nowMs < this.#nextMs) return this.#nextMs - nowMs;
+    this.#nextMs = Math.max(this.#nextMs, nowMs - 1_000) + 1_000 / this.perSecond;
+    return 0;
+  }
+}
+
+export type IdleStopperDeps = GroupOpsDeps;
+
+export class IdleStopper {
+  readonly #ops: GroupOps;
+  readonly #queue: KeyedQueue;
+  readonly #pacer: StartPacer;
+  /** Groups the queue may have work on (kept from every change, on every replica, so a new leader starts from it). */
+  readonly #candidates = new Set<string>();
+  /** Groups this leader idle-stopped whose checkpoint is not taken yet. */
+  readonly #ownStops = new Set<string>();
+  readonly #unsubscribe: () => void;
+  #leading = false;
+
+  constructor(private readonly ctx: IdleStopperDeps) {
+    this.#ops = new GroupOps(ctx);
+    this.#pacer = new StartPacer(ctx.config.idleStopsPerSecond);
+    this.#queue = new KeyedQueue((groupId) => {
+      ctx.metrics.reconciles.inc({ queue: 'idle', result: 'ok' });
+      return this.reconcile(groupId);
+    }, {
+      concurrency: ctx.config.idleStopParallelism,
+      onError: (key, err) => {
+        ctx.metrics.reconciles.inc({ queue: 'idle', result: 'error' });
+        ctx.logger.warn({ key, queue: 'idle', ...describeError(err) }, 'idle stop failed; retried with backoff');
+      },
+      baseBackoffMs: 1_000,
+      maxBackoffMs: 60_000,
+      now: ctx.now,
+    });
+    this.#unsubscribe = ctx.fleet.onGroupChange((_key, _before, after) => this.#changed(after));
+  }
+
+  get depth(): number {
+    return this.#queue.depth;
+  }
+
+  /** This replica leads: queue every candidate (the model is synced by the caller). */
+  startLeading(): void {
+    this.#leading = true;
+    this.#queue.start();
+    for (const id of this.#candidates) this.#queue.add(id);
+  }
+
+  stopLeading(): void {
+    this.#leading = false;
+    this.#queue.stop();
+    this.#ownStops.clear();
+  }
+
+  whenIdle(): Promise<void> {
+    return this.#queue.whenIdle();
+  }
+
+  close(): void {
+    this.stopLeading();
+    this.#unsubscribe();
+  }
+
+  #settings(): IdleWorkSettings {
+    return this.ctx.config;
+  }
+
+  #covers(g: GroupRecord): boolean {
+    const id = g.latestCheckpointId;
+    if (id === undefined) return false;
+    return this.ctx.fleet.checkpoint(Keys.checkpoint(g.groupId, id))?.activityVersion === g.lifecycle.activityVersion;
+  }
+
+  #changed(after: GroupRecord | undefined): void {
+    if (after === undefined) return;
+    const state = after.lifecycle.state;
+    // Cheap filter on every change: only groups the queue could act on are kept.
+    if (state !== 'STOPPED') this.#ownStops.delete(after.groupId);
+    const candidate = !isTerminal(after) && after.evacuation === undefined && (state === 'RUNNING' || state === 'STOPPING' || (state === 'STOPPED' && this.#ownStops.has(after.groupId)));
+    if (!candidate) {
+      this.#candidates.delete(after.groupId);
+      return;
+    }
+    this.#candidates.add(after.groupId);
+    if (this.#leading) this.#queue.add(after.groupId);
+  }
+
+  /**
+   * One group: judge it from the read model; act (re-checked on the stored record) or park it until
+   * its deadline. Exposed for tests that drive it directly.
+   */
+  async reconcile(groupId: string): Promise<ReconcileResult> {
+    const cached = this.ctx.fleet.group(Keys.group(groupId))?.value;
+    if (cached === undefined) return {};
+    const now = this.ctx.now();
+    const work = idleWork(cached, this.#covers(cached), this.#ownStops.has(groupId), this.#settings(), now);
+    switch (work.kind) {
+      case 'none':
+        return {};
+      case 'wait':
+        return { requeueAfterMs: Math.max(1, work.atMs - now) };
+      case 'finish_stop':
+        await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, 'idle stop (finishing an interrupted stop)');
+        return this.#afterStop(groupId);
+      case 'checkpoint':
+        return this.#checkpoint(groupId);
+      case 'stop':
+        break;
+    }
+    const wait = this.#pacer.take(now);
+    if (wait > 0) return { requeueAfterMs: wait };
+    // The stop's compare-and-set re-checks the rule on the stored record: a turn that began (or any
+    // activity) since the read model's copy wins, and nothing is stopped.
+    const requested = await this.#ops.transition(groupId, { type: 'stop_requested' }, `idle stop: no activity for ${idleStopAfterOf(cached, this.ctx.config.idleStopAfterMs)} ms`,
+      (c) => idleWork(c, false, false, this.#settings(), this.ctx.now()).kind === 'stop',
+      (c) => ({ stops: c.stops + 1 }));
+    if (requested === undefined) {
+      this.ctx.metrics.idleStops.inc({ result: 'lost_race' });
+      // Whatever changed announces itself through the read model, which re-queues the key.
+      return {};
+    }
+    const stopped = await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, 'idle stop');
+    if (stopped.lifecycle.state !== 'STOPPED' || stopped.lifecycle.stop?.clean !== true) {
+      this.ctx.metrics.idleStops.inc({ result: stopped.lifecycle.state === 'STOPPED' ? 'unclean' : 'failed' });
+      return {};
+    }
+    return this.#afterStop(groupId);
+  }
+
+  /** After our stop: checkpoint right away when it was clean (R-G3). */
+  async #afterStop(groupId: string): Promise<ReconcileResult> {
+    const g = (await this.ctx.groups.get(groupId))?.value;
+    if (g === undefined || g.lifecycle.state !== 'STOPPED' || g.lifecycle.stop?.clean !== true) return {};
+    this.#ownStops.add(groupId);
+    const r = await this.#checkpoint(groupId);
+    this.ctx.metrics.idleStops.inc({ result: r.requeueAfterMs === undefined ? 'stopped' : 'failed' });
+    return r;
+  }
+
+  async #checkpoint(groupId: string): Promise<ReconcileResult> {
+    try {
+      await this.#ops.checkpoint(groupId);
+      this.#ownStops.delete(groupId);
+      return {};
+    } catch (err) {
+      // A BeginTurn that started the group again makes this checkpoint moot (the agent refuses it);
+      // anything else is retried while the group stays as it is.
+      const g = (await this.ctx.groups.get(groupId))?.value;
+      if (g === undefined || g.lifecycle.state !== 'STOPPED') {
+        this.#ownStops.delete(groupId);
+        return {};
+      }
+      this.ctx.logger.warn({ groupId, ...describeError(err) }, 'checkpoint after an idle stop failed; retried');
+      return { requeueAfterMs: CHECKPOINT_RETRY_MS };
+    }
+  }
+}

@@ -1,0 +1,211 @@
+// Spot evacuation inside the notice (R-H5, R-G2, R-G3, R-G6): when a host gets a spot/preemption
+// notice (its agent's notice file, or a spot-termination taint on its Node) it becomes DRAINING with
+// source spot_preemption. Its groups are then first brought, in parallel (spotEvacuationParallelism)
+// and least recently active first, to "stopped cleanly with a checkpoint off the host" — the state
+// that survives the host's death — and only then restored elsewhere (the groups queue holds every
+// restore until all of the host's groups are saved or the notice ran out; a restore needs nothing
+// from the source, so it may follow after the host is gone). The host says how many made it: a
+// `spot_evacuation_summary` event at the notice's deadline and once every group is settled, and
+// `sandboxfleet_spot_evacuation_groups{host,result}`.
+// Leader only, a keyed queue of group ids; the per-host tally is memory (a new leader starts a new
+// tally from the groups still on the host).
+import { describeError, isTerminal } from './fleet.ts';
+import type { GroupOpsDeps } from './group-ops.ts';
+import { spotSaveOrder } from './evacuation-policy.ts';
+import { KeyedQueue, type ReconcileResult } from './keyed-queue.ts';
+import type { MigrationController } from './migration-controller.ts';
+import type { HostRecord } from './records.ts';
+import { Keys } from './state.ts';
+
+/** Retry of a group that is waiting (a turn in flight, a checkpoint that failed). */
+const RETRY_MS = 250;
+
+interface HostTally {
+  readonly hostId: string;
+  readonly epoch: number;
+  readonly noticedAtMs: number;
+  readonly deadlineMs: number;
+  readonly groups: Set<string>;
+  readonly savedAtMs: Map<string, number>;
+  readonly lost: Set<string>;
+  timer: NodeJS.Timeout | undefined;
+  deadlineReported: boolean;
+  finalReported: boolean;
+}
+
+/** What the host said about one spot notice (also the event's detail). */
+export interface SpotEvacuationSummary {
+  readonly hostId: string;
+  readonly groups: number;
+  readonly savedBeforeDeadline: number;
+  readonly savedAfterDeadline: number;
+  readonly lost: number;
+  readonly pending: number;
+  readonly noticedAtMs: number;
+  readonly deadlineMs: number;
+  /** When the last group was saved (or lost), when all are settled. */
+  readonly settledAtMs?: number | undefined;
+}
+
+export class SpotEvacuator {
+  readonly #queue: KeyedQueue;
+  readonly #tallies = new Map<string, HostTally>();
+  readonly #hostOf = new Map<string, string>();
+  #leading = false;
+
+  constructor(private readonly ctx: GroupOpsDeps, private readonly controller: MigrationController) {
+    this.#queue = new KeyedQueue((groupId) => {
+      ctx.metrics.reconciles.inc({ queue: 'spot', result: 'ok' });
+      return this.reconcile(groupId);
+    }, {
+      concurrency: ctx.config.spotEvacuationParallelism,
+      onError: (key, err) => {
+        ctx.metrics.reconciles.inc({ queue: 'spot', result: 'error' });
+        ctx.logger.warn({ key, queue: 'spot', ...describeError(err) }, 'spot evacuation step failed; retried');
+      },
+      baseBackoffMs: 200,
+      maxBackoffMs: 2_000,
+      now: ctx.now,
+    });
+    controller.spotDeadlineOf = (hostId) => this.#tallies.get(hostId)?.deadlineMs;
+  }
+
+  get depth(): number {
+    return this.#queue.depth;
+  }
+
+  /** This replica leads: tally every host already under a spot notice (the model is synced). */
+  startLeading(): void {
+    this.#leading = true;
+    this.#queue.start();
+    for (const { value: h } of this.ctx.fleet.hosts()) this.hostChanged(undefined, h);
+  }
+
+  stopLeading(): void {
+    this.#leading = false;
+    this.#queue.stop();
+    for (const t of this.#tallies.values()) if (t.timer) clearTimeout(t.timer);
+    this.#tallies.clear();
+    this.#hostOf.clear();
+  }
+
+  whenIdle(): Promise<void> {
+    return this.#queue.whenIdle();
+  }
+
+  /** The summary of a host's current spot notice (tests, benchmarks), if one is being tallied. */
+  summaryOf(hostId: string): SpotEvacuationSummary | undefined {
+    const t = this.#tallies.get(hostId);
+    return t === undefined ? undefined : this.#summary(t);
+  }
+
+  /** A host change from the read model: a host that starts draining for a spot notice is evacuated. */
+  hostChanged(before: HostRecord | undefined, after: HostRecord | undefined): void {
+    if (!this.#leading || after === undefined) return;
+    const spot = after.lifecycle.state === 'DRAINING' && after.lifecycle.goingAway === 'spot_preemption';
+    const known = this.#tallies.get(after.hostId);
+    if (!spot) {
+      // Gone (DEAD/REMOVED) or back: report what made it, once, and stop tallying.
+      if (known !== undefined) {
+        this.#report(known, 'deadline');
+        this.#report(known, 'final');
+        if (known.timer) clearTimeout(known.timer);
+        this.#tallies.delete(after.hostId);
+      }
+      return;
+    }
+    if (known !== undefined && known.epoch === after.lifecycle.epoch) return;
+    const now = this.ctx.now();
+    // The notice's start: when this leader first sees the drain (a notice is applied within a heartbeat).
+    const noticedAtMs = before === undefined ? Math.min(now, after.updatedAtMs) : now;
+    const tally: HostTally = {
+      hostId: after.hostId, epoch: after.lifecycle.epoch, noticedAtMs, deadlineMs: noticedAtMs + this.ctx.config.spotNoticeMs,
+      groups: new Set(), savedAtMs: new Map(), lost: new Set(), timer: undefined, deadlineReported: false, finalReported: false,
+    };
+    this.#tallies.set(after.hostId, tally);
+    const live = [...this.ctx.fleet.groupKeysOnHost(after.hostId)]
+      .map((k) => this.ctx.fleet.group(k)?.value)
+      .filter((g) => g !== undefined && !isTerminal(g) && g.lifecycle.hostId === after.hostId)
+      .map((g) => ({ groupId: g!.groupId, lastActivityAtMs: g!.lifecycle.lastActivityAtMs }));
+    // Least recently active first: the queue takes keys in the order they are added.
+    for (const g of spotSaveOrder(live)) {
+      tally.groups.add(g.groupId);
+      this.#hostOf.set(g.groupId, after.hostId);
+      this.#queue.add(g.groupId);
+    }
+    this.ctx.logger.info({ hostId: after.hostId, groups: tally.groups.size, deadlineMs: tally.deadlineMs }, 'spot notice: saving every group before the deadline');
+    tally.timer = setTimeout(() => this.#report(tally, 'deadline'), Math.max(0, tally.deadlineMs - now));
+    tally.timer.unref?.();
+    this.#gauge(tally);
+    if (tally.groups.size === 0) this.#report(tally, 'final');
+  }
+
+  async reconcile(groupId: string): Promise<ReconcileResult> {
+    const hostId = this.#hostOf.get(groupId);
+    const tally = hostId === undefined ? undefined : this.#tallies.get(hostId);
+    if (tally === undefined) return {};
+    const r = await this.controller.saveBeforeDeparture(groupId);
+    const now = this.ctx.now();
+    switch (r) {
+      case 'saved':
+        if (!tally.savedAtMs.has(groupId)) tally.savedAtMs.set(groupId, now);
+        break;
+      case 'lost':
+        tally.lost.add(groupId);
+        break;
+      case 'none': {
+        // Moved off the host, or nothing to evacuate: saved if it is somewhere safe, else lost.
+        const g = this.ctx.fleet.group(Keys.group(groupId))?.value;
+        if (g !== undefined && g.lifecycle.state === 'LOST') tally.lost.add(groupId);
+        else if (!tally.savedAtMs.has(groupId)) tally.savedAtMs.set(groupId, now);
+        break;
+      }
+      case 'waiting':
+      case 'busy':
+        return { requeueAfterMs: RETRY_MS };
+    }
+    this.#gauge(tally);
+    if (tally.savedAtMs.size + tally.lost.size >= tally.groups.size) this.#report(tally, 'final');
+    return {};
+  }
+
+  #summary(t: HostTally): SpotEvacuationSummary {
+    let before = 0;
+    let after = 0;
+    let last = 0;
+    for (const at of t.savedAtMs.values()) {
+      if (at <= t.deadlineMs) before += 1;
+      else after += 1;
+      last = Math.max(last, at);
+    }
+    const pending = t.groups.size - t.savedAtMs.size - t.lost.size;
+    return {
+      hostId: t.hostId, groups: t.groups.size, savedBeforeDeadline: before, savedAfterDeadline: after, lost: t.lost.size, pending,
+      noticedAtMs: t.noticedAtMs, deadlineMs: t.deadlineMs, ...(pending === 0 ? { settledAtMs: last } : {}),
+    };
+  }
+
+  #gauge(t: HostTally): void {
+    const s = this.#summary(t);
+    const m = this.ctx.metrics.spotEvacuation;
+    m.set({ host: t.hostId, result: 'saved_before_deadline' }, s.savedBeforeDeadline);
+    m.set({ host: t.hostId, result: 'saved_after_deadline' }, s.savedAfterDeadline);
+    m.set({ host: t.hostId, result: 'lost' }, s.lost);
+    m.set({ host: t.hostId, result: 'pending' }, s.pending);
+  }
+
+  /** The host says how many made it: at the deadline, and once all are settled. */
+  #report(t: HostTally, when: 'deadline' | 'final'): void {
+    if (when === 'deadline' ? t.deadlineReported : t.finalReported) return;
+    if (when === 'deadline') t.deadlineReported = true;
+    else t.finalReported = true;
+    const s = this.#summary(t);
+    this.#gauge(t);
+    this.ctx.logger.info({ ...s, when }, 'spot evacuation summary');
+    void this.ctx.events.record({
+      subjectKind: 'host', subjectId: t.hostId, type: 'spot_evacuation_summary', reason: 'spot_preemption',
+      version: `${t.epoch}:${when}`,
+      detail: { when, ...s },
+    }).catch((err: unknown) => this.ctx.logger.warn({ hostId: t.hostId, ...describeError(err) }, 'recording the spot evacuation summary failed'));
+  }
+}

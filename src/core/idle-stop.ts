@@ -1,0 +1,139 @@
+// Idle auto-stop and protection (R-G2, R-G3, R-G6): only a group that was stopped cleanly and has a
+// checkpoint of its current state survives the loss of its host; a RUNNING group is LOST. So a
+// group that sits idle between turns is stopped cleanly (and then checkpointed) once nothing has
+// happened on it for its `idleStopAfter`, and the groups that are not protected are counted.
+// Pure rules: the control plane's idle-stop reconciler (control-plane/idle-stop.ts) executes what
+// `decideIdleStop` returns and re-checks it inside the compare-and-set that starts the stop, so a
+// BeginTurn that got in first wins.
+import { InvalidArgument } from './errors.ts';
+import type { GroupState } from './group.ts';
+import type { MemberPhase } from './member-session.ts';
+import { err, ok, type Result } from './result.ts';
+
+/** Milliseconds of inactivity before an idle group is stopped, or never. 0 = right after every completed turn. */
+export type IdleStopAfter = number | 'never';
+
+/** The longest idleStopAfter a group may ask for (a week: longer is `never` in practice). */
+export const IDLE_STOP_MAX_MS = 7 * 24 * 3_600_000;
+
+/** The wire form (int64 milliseconds; -1 = never) checked and mapped; undefined = the fleet default. */
+export function parseIdleStopAfterMs(v: number | undefined, field = 'idleStopAfterMs'): Result<IdleStopAfter | undefined, InvalidArgument> {
+  if (v === undefined) return ok(undefined);
+  if (v === -1) return ok('never');
+  if (!Number.isSafeInteger(v) || v < 0 || v > IDLE_STOP_MAX_MS) {
+    return err(new InvalidArgument('out_of_range', `${field} must be -1 (never) or 0..${IDLE_STOP_MAX_MS} ms`, { details: { field } }));
+  }
+  return ok(v);
+}
+
+/** What the rule reads of a group (its stored record, as the read model or the store has it). */
+export interface IdleStopView {
+  readonly state: GroupState;
+  /** Controller work (an evacuation mark) owns the group's stop: idle stop stays out. */
+  readonly evacuating: boolean;
+  /** The lifecycle's last activity (start, completed turn, stop). */
+  readonly lastActivityAtMs: number;
+  /** When the last turn completed (absent: none since the record exists). */
+  readonly lastTurnCompletedAtMs?: number | undefined;
+  readonly members: readonly {
+    readonly phase: MemberPhase;
+    /** The process that ran the last turn may still run and be reused LIVE (its exit is not confirmed). */
+    readonly processKept: boolean;
+    /** R-S6: the last turn's process was not reused and nobody confirmed its exit. */
+    readonly exitUnconfirmed: boolean;
+  }[];
+}
+
+export type IdleStopBlocker =
+  | 'not_running'
+  | 'never'
+  | 'evacuating'
+  | 'turn_in_flight'
+  | 'process_kept'
+  | 'exit_unconfirmed'
+  | 'member_unconfirmed';
+
+export type IdleStopDecision =
+  /** Stop now (cleanly, R-G2), then checkpoint (R-G3). */
+  | { readonly action: 'stop' }
+  /** Idle, but not for long enough yet: look again at `atMs`. */
+  | { readonly action: 'wait'; readonly atMs: number }
+  /** Not a candidate until the group changes. */
+  | { readonly action: 'none'; readonly why: IdleStopBlocker };
+
+export interface IdleStopTiming {
+  readonly after: IdleStopAfter;
+  /**
+   * A group started (or restarted by a BeginTurn) with no turn completed since is left running at
+   * least this long: the turn that started it must get to begin, even with `after` 0.
+   */
+  readonly startGraceMs: number;
+}
+
+/**
+ * Whether `g` is idle: RUNNING, not evacuating, no turn in flight, every member's last process
+ * exit confirmed (nothing that may still write native state, nothing kept for a LIVE turn), and no
+ * activity for `after` (a start with no completed turn since: at least `startGraceMs`).
+ */
+export function decideIdleStop(g: IdleStopView, timing: IdleStopTiming, nowMs: number): IdleStopDecision {
+  if (g.state !== 'RUNNING') return { action: 'none', why: 'not_running' };
+  if (timing.after === 'never') return { action: 'none', why: 'never' };
+  if (g.evacuating) return { action: 'none', why: 'evacuating' };
+  for (const m of g.members) {
+    if (m.phase === 'IN_TURN') return { action: 'none', why: 'turn_in_flight' };
+    // A turn that did not provably end may still have its process writing the session.
+    if (m.phase === 'UNCONFIRMED') return { action: 'none', why: 'member_unconfirmed' };
+    if (m.exitUnconfirmed) return { action: 'none', why: 'exit_unconfirmed' };
+    if (m.processKept) return { action: 'none', why: 'process_kept' };
+  }
+  const lastTurn = g.lastTurnCompletedAtMs ?? 0;
+  // The last activity was a start, not a turn end: the turn that caused it gets its grace.
+  const wait = g.lastActivityAtMs > lastTurn ? Math.max(timing.after, timing.startGraceMs) : timing.after;
+  const atMs = g.lastActivityAtMs + wait;
+  return nowMs >= atMs ? { action: 'stop' } : { action: 'wait', atMs };
+}
+
+// ---- protection -------------------------------------------------------------------------------
+
+/** What the protection rule reads of a group and its latest checkpoint. */
+export interface ProtectionView {
+  readonly state: GroupState;
+  /** Set in STOPPED/MIGRATING: whether the last stop was clean. */
+  readonly stopClean?: boolean | undefined;
+  readonly activityVersion: number;
+  readonly lastActivityAtMs: number;
+  /** When the group last started running (absent in records written before it was kept). */
+  readonly runningSinceMs?: number | undefined;
+  readonly createdAtMs: number;
+  /** The activity version of the group's latest checkpoint; undefined: none (or not known yet). */
+  readonly checkpointActivityVersion?: number | undefined;
+}
+
+export type Protection =
+  /** Terminal: nothing left to protect. */
+  | { readonly protected: 'terminal' }
+  /** Survives the loss of its host: stopped cleanly with a checkpoint of its state (or moving). */
+  | { readonly protected: true }
+  /** LOST if its host dies now; unprotected since `sinceMs`. */
+  | { readonly protected: false; readonly sinceMs: number };
+
+export function protection(g: ProtectionView): Protection {
+  switch (g.state) {
+    case 'LOST':
+    case 'DESTROYED':
+      return { protected: 'terminal' };
+    case 'MIGRATING':
+      // Started from a clean stop with a usable checkpoint (core refuses anything else).
+      return { protected: true };
+    case 'PENDING':
+      return { protected: false, sinceMs: g.createdAtMs };
+    case 'RUNNING':
+    case 'STOPPING':
+      // Until the start is known, the last activity is a lower bound of the exposure.
+      return { protected: false, sinceMs: g.runningSinceMs ?? g.lastActivityAtMs };
+    case 'STOPPED':
+      if (g.stopClean === true && g.checkpointActivityVersion === g.activityVersion) return { protected: true };
+      // Stopped unclean, or clean without a checkpoint of this state: exposed since the stop.
+      return { protected: false, sinceMs: g.lastActivityAtMs };
+  }
+}

@@ -1,0 +1,93 @@
+// Core idle-stop and protection rules (core/idle-stop.ts): when an idle group is stopped, what blocks
+// it, the start grace, the wire form of the setting, and which groups a host loss would make LOST.
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { decideIdleStop, parseIdleStopAfterMs, protection, IDLE_STOP_MAX_MS, type IdleStopView } from '../../../src/core/idle-stop.ts';
+import { MEMBER_PHASES } from '../../../src/core/member-session.ts';
+import { GROUP_STATES } from '../../../src/core/group.ts';
+import { PROPERTY_RUNS } from '../../support/property-runs.ts';
+
+const idle = (over: Partial<IdleStopView> = {}): IdleStopView => ({
+  state: 'RUNNING', evacuating: false, lastActivityAtMs: 1_000, lastTurnCompletedAtMs: 1_000,
+  members: [{ phase: 'RETAINED', processKept: false, exitUnconfirmed: false }], ...over,
+});
+const timing = { after: 600_000, startGraceMs: 30_000 } as const;
+
+describe('decideIdleStop', () => {
+  it('stops a group idle for idleStopAfter after its last completed turn, and waits until then', () => {
+    expect(decideIdleStop(idle(), timing, 1_000 + 599_999)).toEqual({ action: 'wait', atMs: 601_000 });
+    expect(decideIdleStop(idle(), timing, 601_000)).toEqual({ action: 'stop' });
+  });
+
+  it('0 stops right after a completed turn; a start with no turn since gets the start grace', () => {
+    expect(decideIdleStop(idle(), { after: 0, startGraceMs: 30_000 }, 1_000)).toEqual({ action: 'stop' });
+    const started = idle({ lastActivityAtMs: 5_000, lastTurnCompletedAtMs: 1_000 });
+    expect(decideIdleStop(started, { after: 0, startGraceMs: 30_000 }, 5_000)).toEqual({ action: 'wait', atMs: 35_000 });
+    expect(decideIdleStop(started, { after: 0, startGraceMs: 30_000 }, 35_000)).toEqual({ action: 'stop' });
+  });
+
+  it('never: not a candidate', () => {
+    expect(decideIdleStop(idle(), { after: 'never', startGraceMs: 0 }, 1e12)).toEqual({ action: 'none', why: 'never' });
+  });
+
+  it('a turn in flight, a kept or unconfirmed process, an unconfirmed member or an evacuation block it', () => {
+    const late = 1e12;
+    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', processKept: false, exitUnconfirmed: false }, { phase: 'IN_TURN', processKept: false, exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'turn_in_flight' });
+    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', processKept: true, exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'process_kept' });
+    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', processKept: false, exitUnconfirmed: true }] }), timing, late)).toEqual({ action: 'none', why: 'exit_unconfirmed' });
+    expect(decideIdleStop(idle({ members: [{ phase: 'UNCONFIRMED', processKept: false, exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'member_unconfirmed' });
+    expect(decideIdleStop(idle({ evacuating: true }), timing, late)).toEqual({ action: 'none', why: 'evacuating' });
+    expect(decideIdleStop(idle({ state: 'STOPPED' }), timing, late)).toEqual({ action: 'none', why: 'not_running' });
+  });
+
+  it('property: stop only when RUNNING, idle members only, and the deadline passed; never before the last activity + setting', () => {
+    const member = fc.record({ phase: fc.constantFrom(...MEMBER_PHASES), processKept: fc.boolean(), exitUnconfirmed: fc.boolean() });
+    fc.assert(fc.property(
+      fc.constantFrom(...GROUP_STATES), fc.boolean(), fc.nat(1e9), fc.option(fc.nat(1e9), { nil: undefined }), fc.array(member, { minLength: 1, maxLength: 4 }),
+      fc.oneof(fc.nat(1e7), fc.constant('never' as const)), fc.nat(1e6), fc.nat(2e9),
+      (state, evacuating, last, lastTurn, members, after, startGraceMs, now) => {
+        const d = decideIdleStop({ state, evacuating, lastActivityAtMs: last, lastTurnCompletedAtMs: lastTurn, members }, { after, startGraceMs }, now);
+        if (d.action !== 'stop') return;
+        expect(state).toBe('RUNNING');
+        expect(evacuating).toBe(false);
+        expect(after).not.toBe('never');
+        for (const m of members) {
+          expect(['FRESH', 'RETAINED', 'LOST']).toContain(m.phase);
+          expect(m.processKept || m.exitUnconfirmed).toBe(false);
+        }
+        expect(now).toBeGreaterThanOrEqual(last + (after as number));
+        if (last > (lastTurn ?? 0)) expect(now).toBeGreaterThanOrEqual(last + startGraceMs);
+      },
+    ), { numRuns: PROPERTY_RUNS });
+  });
+});
+
+describe('parseIdleStopAfterMs', () => {
+  it('maps -1 to never, keeps 0..a week, refuses the rest', () => {
+    expect(parseIdleStopAfterMs(undefined)).toEqual({ ok: true, value: undefined });
+    expect(parseIdleStopAfterMs(-1)).toEqual({ ok: true, value: 'never' });
+    expect(parseIdleStopAfterMs(0)).toEqual({ ok: true, value: 0 });
+    expect(parseIdleStopAfterMs(IDLE_STOP_MAX_MS)).toEqual({ ok: true, value: IDLE_STOP_MAX_MS });
+    for (const bad of [-2, IDLE_STOP_MAX_MS + 1, 1.5, Number.NaN]) {
+      const r = parseIdleStopAfterMs(bad);
+      expect(r.ok).toBe(false);
+      if (!r.ok) expect(r.error.reason).toBe('out_of_range');
+    }
+  });
+});
+
+describe('protection', () => {
+  const base = { activityVersion: 3, lastActivityAtMs: 500, createdAtMs: 100 };
+  it('only a clean stop with a checkpoint of the current state (or a migration) is protected', () => {
+    expect(protection({ ...base, state: 'STOPPED', stopClean: true, checkpointActivityVersion: 3 })).toEqual({ protected: true });
+    expect(protection({ ...base, state: 'MIGRATING', stopClean: true })).toEqual({ protected: true });
+    expect(protection({ ...base, state: 'STOPPED', stopClean: true, checkpointActivityVersion: 2 })).toEqual({ protected: false, sinceMs: 500 });
+    expect(protection({ ...base, state: 'STOPPED', stopClean: true })).toEqual({ protected: false, sinceMs: 500 });
+    expect(protection({ ...base, state: 'STOPPED', stopClean: false, checkpointActivityVersion: 3 })).toEqual({ protected: false, sinceMs: 500 });
+    expect(protection({ ...base, state: 'RUNNING', runningSinceMs: 300 })).toEqual({ protected: false, sinceMs: 300 });
+    expect(protection({ ...base, state: 'RUNNING' })).toEqual({ protected: false, sinceMs: 500 });
+    expect(protection({ ...base, state: 'PENDING' })).toEqual({ protected: false, sinceMs: 100 });
+    expect(protection({ ...base, state: 'LOST' })).toEqual({ protected: 'terminal' });
+    expect(protection({ ...base, state: 'DESTROYED' })).toEqual({ protected: 'terminal' });
+  });
+});
