@@ -19,6 +19,7 @@ const END: Record<ExecExitView['end'], ExecEnd> = {
   cancelled: ExecEnd.CANCELLED,
   deadline: ExecEnd.DEADLINE,
   output_limit: ExecEnd.OUTPUT_LIMIT,
+  detached: ExecEnd.DETACHED,
 };
 
 const KIND: Record<TurnEvidenceInput['kind'], TurnEndKind> = {

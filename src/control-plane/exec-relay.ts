@@ -12,12 +12,15 @@
 // side grants credit as the consumer (the gRPC stream, itself behind HTTP/2 flow control) passes
 // output on (`consumed`), so at most one window per exec is ever in memory. A host that becomes
 // SUSPECT/DEAD/REMOVED or changes epoch mid-stream ends the exec UNAVAILABLE host_fenced.
+// RunTurn also runs execs on a member's turn process (the CLI kept between turns, exec-sessions.ts
+// on the agent): `turnProcess` starts one or attaches to one, and `detach` ends the turn's exec
+// while the process stays.
 import { randomUUID } from 'node:crypto';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import { Fenced, InvalidArgument, NotFound, PreconditionFailed, Unavailable, type FleetError, type Reason } from '../core/index.ts';
 import type { ExecEvent, ExecExitView, ExecSession, ExecStartInput, ExecStartedView } from '../core/exec-port.ts';
-import { ExecAgentFrame, ExecControlFrame } from '../gen/sandboxfleet/v1/agent.ts';
+import { ExecAgentFrame, ExecControlFrame, TurnProcessMode } from '../gen/sandboxfleet/v1/agent.ts';
 import { ExecEnd, ExecStream } from '../gen/sandboxfleet/v1/exec.ts';
 import type { ControlPlaneDeps } from './state.ts';
 import { Keys } from './keys.ts';
@@ -40,6 +43,7 @@ const END_KIND: Record<number, ExecExitView['end']> = {
   [ExecEnd.CANCELLED]: 'cancelled',
   [ExecEnd.DEADLINE]: 'deadline',
   [ExecEnd.OUTPUT_LIMIT]: 'output_limit',
+  [ExecEnd.DETACHED]: 'detached',
 };
 
 function check(input: ExecStartInput): void {
@@ -54,6 +58,12 @@ function check(input: ExecStartInput): void {
   if (!Number.isSafeInteger(input.outputLimitBytes) || input.outputLimitBytes < 0 || input.outputLimitBytes > MAX_OUTPUT_LIMIT) bad('outputLimitBytes', `0..${MAX_OUTPUT_LIMIT}`);
   if (!Number.isSafeInteger(input.cancelGraceMs) || input.cancelGraceMs < 0 || input.cancelGraceMs > 60_000) bad('cancelGraceMs', '0..60000');
   if (!Number.isSafeInteger(input.expectedGeneration) || input.expectedGeneration < 0) bad('expectedGeneration', 'a generation or 0');
+  const tp = input.turnProcess;
+  if (tp !== undefined) {
+    if (!input.stdin) bad('stdin', 'a turn process takes its turns on stdin');
+    if (tp.mode === 'start' && !/^[A-Za-z0-9_-]{1,128}$/.test(tp.commandDigest)) bad('turnProcess', 'commandDigest must be [A-Za-z0-9_-]{1,128}');
+    if (tp.mode === 'attach' && !/^[a-z0-9-]{1,32}$/.test(tp.processId)) bad('turnProcess', 'processId must be [a-z0-9-]{1,32}');
+  }
 }
 
 class RelaySession implements ExecSession {
@@ -235,6 +245,11 @@ class RelaySession implements ExecSession {
     if (this.#endOverride === undefined) this.#endOverride = 'cancelled';
     this.#control({ $case: 'cancel', value: { graceMs: graceMs !== undefined && graceMs > 0 ? Math.min(graceMs, 60_000) : this.graceMs } });
   }
+
+  detach(): void {
+    if (this.started.processId === undefined) throw new InvalidArgument('malformed', 'only an exec on a turn process can be detached', { details: { field: 'detach' } });
+    this.#control({ $case: 'detach', value: true });
+  }
 }
 
 export class ExecRelay {
@@ -279,6 +294,9 @@ export class ExecRelay {
             groupId: input.groupId, memberId: input.memberId, execId, containerId: member.containerId,
             argv: [...input.argv], env: input.env.map((e) => ({ name: e.name, value: e.value })), workingDir: input.workingDir, stdin: input.stdin,
             outputWindowBytes: EXEC_WINDOW_BYTES, idleTimeoutMs: IDLE_TIMEOUT_MS, cancelGraceMs: graceMs,
+            turnProcess: input.turnProcess === undefined ? undefined : input.turnProcess.mode === 'start'
+              ? { mode: TurnProcessMode.START, processId: '', commandDigest: input.turnProcess.commandDigest }
+              : { mode: TurnProcessMode.ATTACH, processId: input.turnProcess.processId, commandDigest: '' },
           },
         },
         'execStart',
@@ -286,6 +304,7 @@ export class ExecRelay {
       );
       const started: ExecStartedView = {
         execId, hostId: lc.hostId, hostEpoch: host.lifecycle.epoch, generation: lc.generation, containerId: res.containerId, incarnation: String(res.startedAtUnixMs),
+        ...(input.turnProcess !== undefined ? { processId: res.processId } : {}),
       };
       session = new RelaySession(deps, this.nc, started, input.outputLimitBytes > 0 ? input.outputLimitBytes : DEFAULT_OUTPUT_LIMIT, graceMs);
       session.attach(sub, input.timeoutMs, signal);

@@ -26,6 +26,18 @@
 //   Everything else — NEW, RESTORED, a process to start or reclaim, any doubt, and every decision
 //   that could make a member LOST — asks the agent for a fresh inventory, as before: stale
 //   heartbeat evidence is used only to say "yes, same process", never "no, it is gone".
+// - Turn processes (RunTurn keeps Claude Code and Pi running between turns, turn-runner.ts): their
+//   identity is `<container start ms>/<process id>`, recorded at the turn's end (CompleteTurn of the
+//   fleet names the process it ran the turn on). LIVE for one is decided from a FRESH inventory
+//   only: the agent lists the turn processes it keeps (idle, in that very container run, started
+//   with the same command — RunTurn's begin names the command's digest), and core reuses one only
+//   if it is listed. Never from a heartbeat: a CLI process can die between beats (a crash, the
+//   agent restarting), and a turn begun LIVE on a process that is gone cannot run (the turn is
+//   unconfirmed). The fresh inventory costs one agent round trip (milliseconds next to a model
+//   call) and narrows that window to the time between it and the turn's attach, which the agent
+//   checks again. A runner's own begin never reuses a turn process, and RunTurn never reuses a
+//   process a runner drove itself (core member-session.ts): each is RESTORED, with the container
+//   run restarted first if the other's process may still run on the session (R-S6).
 import { createHash } from 'node:crypto';
 import {
   CLI_KINDS,
@@ -36,6 +48,9 @@ import {
   Unavailable,
   beginTurn,
   completeTurn,
+  containerRunOf,
+  isTurnProcess,
+  turnProcessIn,
   parseConversationId,
   parseGroupId,
   parseMemberId,
@@ -79,6 +94,14 @@ const INVENTORY_TIMEOUT_MS = 10_000;
 /** Re-reads after a lost CAS race before the caller sees the conflict (ABORTED). */
 const CAS_ATTEMPTS = 8;
 
+/**
+ * A turn the fleet runs itself (RunTurn): the digest of the command its turn process is started with
+ * (undefined: the fleet runs one process per turn and reuses none).
+ */
+export interface FleetTurn {
+  readonly commandDigest: string | undefined;
+}
+
 /** A turn call's identity for idempotency: digests of its key and of its request. */
 interface Call {
   readonly key: string;
@@ -93,6 +116,8 @@ interface Call {
 export function liveEvidence(g: GroupRecord, m: MemberRecord, host: HostRecord | undefined, hb: HeartbeatRecord | undefined, nowMs: number, freshnessMs: number): (MemberObservation & { runningProcess: ProcessIdentity }) | undefined {
   const p = m.session.process;
   if (g.lifecycle.state !== 'RUNNING' || m.session.phase !== 'RETAINED' || p === undefined || m.session.savedLocator === undefined) return undefined;
+  // A turn process is proven running by a fresh inventory only (see the header).
+  if (isTurnProcess(p)) return undefined;
   if (host === undefined || (host.lifecycle.state !== 'READY' && host.lifecycle.state !== 'DRAINING')) return undefined;
   if (hb === undefined || hb.epoch !== host.lifecycle.epoch || nowMs - hb.receivedAtMs > freshnessMs || hb.receivedAtMs > nowMs + freshnessMs) return undefined;
   const c = hb.containers.find((x) => x.groupId === g.groupId && x.memberId === m.session.memberId && x.generation === g.lifecycle.generation);
@@ -380,7 +405,11 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
 
   // ---- BeginTurn ---------------------------------------------------------------------------------
 
-  async beginTurn(input: BeginTurnInput): Promise<BeginTurnView> {
+  /**
+   * `fleet`: the fleet runs this turn itself (RunTurn) with a turn process started by the command of
+   * digest `commandDigest`; only such a process is reused LIVE (see the header).
+   */
+  async beginTurn(input: BeginTurnInput, fleet?: FleetTurn): Promise<BeginTurnView> {
     const groupId = must(parseGroupId(input.groupId));
     const memberId = must(parseMemberId(input.memberId));
     const locator = must(parseOptionalLocator(input.locator));
@@ -389,7 +418,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const turnId = must(parseTurnId(`t-${createHash('sha256').update(`${groupId}|${memberId}|${key}`).digest('hex').slice(0, 32)}`));
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.#begin(groupId, memberId, locator, turnId, call, attempt === 0);
+        return await this.#begin(groupId, memberId, locator, turnId, call, attempt === 0, fleet);
       } catch (err) {
         // Another write to the group won the race (or a cached copy cannot answer): re-read, re-check
         // the stored calls, redo.
@@ -431,7 +460,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     this.#groups.set(before.groupId, written);
   }
 
-  async #begin(groupId: string, memberId: string, locator: Locator | undefined, turnId: string, call: Call, useCache: boolean): Promise<BeginTurnView> {
+  async #begin(groupId: string, memberId: string, locator: Locator | undefined, turnId: string, call: Call, useCache: boolean, fleet: FleetTurn | undefined): Promise<BeginTurnView> {
+    const fleetDriven = fleet !== undefined;
     const loaded = await this.#load(groupId, useCache);
     let gv = loaded.gv;
     const fresh = (): void => {
@@ -469,7 +499,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       // A repeat of the turn in flight needs no observation: core replays it (from a fresh read).
       fresh();
       const host = this.#evidence.host(g0.lifecycle.hostId);
-      return this.#applyBegin(gv, false, memberId, { turnId, locator }, { containerPresent: true, layerIntact: true }, call, host?.lifecycle.epoch ?? 0);
+      return this.#applyBegin(gv, false, memberId, { turnId, locator, fleetDriven }, { containerPresent: true, layerIntact: true }, call, host?.lifecycle.epoch ?? 0);
     }
     if (state === 'PENDING' || state === 'STOPPED') {
       fresh();
@@ -480,10 +510,11 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const member = g.members.find((m) => m.session.memberId === memberId)!;
     const host = this.#evidence.host(g.lifecycle.hostId);
     const heartbeat = this.#evidence.heartbeat(g.lifecycle.hostId);
-    const fast = liveEvidence(g, member, host, heartbeat, this.ctx.now(), this.#freshnessMs);
+    // Heartbeat evidence proves a runner's own process only (the container run it lives in).
+    const fast = fleetDriven ? undefined : liveEvidence(g, member, host, heartbeat, this.ctx.now(), this.#freshnessMs);
     if (fast !== undefined) {
       this.#fastBegins += 1;
-      return this.#applyBegin(gv, loaded.cached, memberId, { turnId, locator }, fast, call, host!.lifecycle.epoch, fast.runningProcess);
+      return this.#applyBegin(gv, loaded.cached, memberId, { turnId, locator, fleetDriven }, fast, call, host!.lifecycle.epoch, fast.runningProcess);
     }
     // The state is unknown or a process must be (re)started: ask the agent (R-S1 slow path), about
     // the record as it is now.
@@ -494,8 +525,13 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const c = inventory.containers.find((x) => x.groupId === groupId && x.memberId === memberId && x.placementGeneration === g.lifecycle.generation);
     const present = c !== undefined && c.state !== ContainerState.REMOVING && c.state !== ContainerState.DEAD;
     const running: ProcessIdentity | undefined = c !== undefined && c.state === ContainerState.RUNNING ? { containerId: c.containerId, incarnation: String(c.startedAtUnixMs) } : undefined;
-    const observation: MemberObservation = { containerPresent: present, layerIntact: present && (c?.writableLayerPresent ?? false), runningProcess: running };
-    return this.#applyBegin(gv, false, memberId, { turnId, locator }, observation, call, target.epoch, running);
+    // The turn processes this driver could reuse: for RunTurn, the member's idle ones in that very
+    // container run started with the same command; for a runner's own begin, none.
+    const turnProcesses = fleet?.commandDigest === undefined || running === undefined || c === undefined ? [] : inventory.turnProcesses
+      .filter((t) => t.groupId === groupId && t.memberId === memberId && t.containerId === c.containerId && t.containerStartedAtUnixMs === c.startedAtUnixMs && !t.attached && t.commandDigest === fleet.commandDigest)
+      .map((t) => turnProcessIn(running, t.processId));
+    const observation: MemberObservation = { containerPresent: present, layerIntact: present && (c?.writableLayerPresent ?? false), runningProcess: running, turnProcesses };
+    return this.#applyBegin(gv, false, memberId, { turnId, locator, fleetDriven }, observation, call, target.epoch, running);
   }
 
   /**
@@ -503,7 +539,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
    * the revision the decision was made from (so the observation still belongs to the member as it
    * was read; any change since is a CasConflictError and the caller observes again).
    */
-  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined }, observation: MemberObservation, call: Call, hostEpoch: number, observed?: ProcessIdentity): Promise<BeginTurnView> {
+  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined; fleetDriven: boolean }, observation: MemberObservation, call: Call, hostEpoch: number, observed?: ProcessIdentity): Promise<BeginTurnView> {
     let running = observed;
     const now = this.ctx.now();
     const g = gv.value;
@@ -512,7 +548,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       if (cached) throw new NeedsFreshRead();
     };
     const seen = g.members.find((m) => m.session.memberId === memberId)!;
-    const o = beginTurn(seen.session, { turnId: request.turnId, locator: request.locator }, observation, now);
+    const o = beginTurn(seen.session, { turnId: request.turnId, locator: request.locator, fleetDriven: request.fleetDriven }, observation, now);
     const cli = seen.session.cli;
     let slotReclaimed = false;
     if (o.ok && o.reclaimProcess !== undefined) {
@@ -581,7 +617,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
    * id also names the turn, so a failure the agent cached is not replayed to every later turn. A
    * failed or refused restart is UNAVAILABLE to the runner (retry), never INTERNAL.
    */
-  async #reclaimSlot(g: GroupRecord, memberId: string, lingering: ProcessIdentity, hostEpoch: number, turnId: string): Promise<ProcessIdentity> {
+  async #reclaimSlot(g: GroupRecord, memberId: string, lingeringRun: ProcessIdentity, hostEpoch: number, turnId: string): Promise<ProcessIdentity> {
+    const lingering = containerRunOf(lingeringRun);
     const startedAtUnixMs = Number(lingering.incarnation);
     if (!Number.isSafeInteger(startedAtUnixMs)) throw new Unavailable('host_unreachable', `member ${memberId}: cannot name the process to reclaim`, { details: { groupId: g.groupId, memberId } });
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
@@ -616,7 +653,11 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
 
   // ---- CompleteTurn ------------------------------------------------------------------------------
 
-  async completeTurn(input: CompleteTurnInput): Promise<CompleteTurnView> {
+  /**
+   * `fleet.process`: the turn process RunTurn started for this turn (NEW or RESTORED), which may be
+   * reused LIVE next if the evidence keeps it; taken only inside the container run the turn began in.
+   */
+  async completeTurn(input: CompleteTurnInput, fleet?: { readonly process?: ProcessIdentity | undefined }): Promise<CompleteTurnView> {
     const groupId = must(parseGroupId(input.groupId));
     const memberId = must(parseMemberId(input.memberId));
     const turnId = must(parseTurnId(input.turnId));
@@ -628,7 +669,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const call: Call = { key: keyDigest('complete', key), request: requestHash({ groupId, memberId, turnId, observed: input.observedLocator ?? null, end }) };
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0);
+        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0, fleet?.process);
       } catch (err) {
         this.#groups.drop(groupId);
         if (err instanceof NeedsFreshRead) continue;
@@ -637,7 +678,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
   }
 
-  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, evidence: TurnEvidenceInput, call: Call, useCache: boolean): Promise<CompleteTurnView> {
+  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, evidence: TurnEvidenceInput, call: Call, useCache: boolean, started: ProcessIdentity | undefined): Promise<CompleteTurnView> {
     const { gv, cached } = await this.#load(groupId, useCache);
     const fresh = (): void => {
       if (cached) throw new NeedsFreshRead();
@@ -652,7 +693,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       return replayOutcome<CompleteTurnView>(prior.outcome);
     }
     const before = m.session;
-    const o = completeTurn(m.session, { turnId, observedLocator, end, process: m.turnProcess });
+    // A turn process the fleet started counts only inside the container run the turn began in.
+    const run = m.turnProcess;
+    const process = started !== undefined && isTurnProcess(started) && run !== undefined && started.containerId === run.containerId && containerRunOf(started).incarnation === containerRunOf(run).incarnation ? started : run;
+    const o = completeTurn(m.session, { turnId, observedLocator, end, process });
     // A LOST (or DESTROYED) group took its turns with it: say so, with the group's reason, rather
     // than "no such turn" (a repeat of a turn completed before the loss is still answered below).
     if (isTerminal(current) && !(o.ok && o.duplicate)) {

@@ -9,15 +9,28 @@
 // with nobody here running it (this replica restarted) completes it as not ended (UNCONFIRMED):
 // nothing proves how it ended. Fenced or lost mid-turn (the host went away): completed as not
 // ended, and the call fails UNAVAILABLE.
-import { IdentityRefused, NotFound, PreconditionFailed, buildTurnCommand, isFleetError, Unavailable, type CliKind, type CliProfile } from '../core/index.ts';
-import type { ExecExitView, ExecSession, RunTurnEndView, RunTurnEvent, RunTurnInput } from '../core/exec-port.ts';
-import type { BeginTurnView, CompleteTurnView, RunnerBackend, TurnEvidenceInput } from '../core/runner-port.ts';
+//
+// Turn processes (R-S1 LIVE): Claude Code and Pi are kept running between turns (unless the CLI
+// profile says keepProcess: false). A NEW or RESTORED turn starts the member's turn process on the
+// agent (`claude -p --input-format stream-json …`, `pi --mode rpc`, resuming the saved locator) and
+// writes the turn to its stdin; at the CLI's own end of the turn the exec is detached and the
+// process stays, and CompleteTurn names it (`<container start>/<process id>`) so the next begin can
+// find it in the agent's inventory and answer LIVE; a LIVE turn attaches to it and writes the next
+// turn. The begin names the digest of the command the process is started with, so a turn asking for
+// another model (or after a profile change) never reuses a process started otherwise (RESTORED).
+// Claude's api_retry (R-S6): the process is let exit (stdin closed) and its exit awaited, as with
+// `-p`; a turn the CLI did not end (cancel, deadline, fenced host) ends the process with it.
+import { createHash } from 'node:crypto';
+import { IdentityRefused, NotFound, PreconditionFailed, buildTurnCommand, buildTurnProcessCommand, isFleetError, isTurnProcess, keepsTurnProcess, turnInput, turnProcessIn, Unavailable, type CliKind, type CliProfile, type ProcessIdentity } from '../core/index.ts';
+import type { ExecExitView, ExecSession, ExecStartInput, RunTurnEndView, RunTurnEvent, RunTurnInput } from '../core/exec-port.ts';
+import type { BeginTurnInput, BeginTurnView, CompleteTurnInput, CompleteTurnView, RunnerBackend, TurnEvidenceInput } from '../core/runner-port.ts';
 import { createDetector } from '../runner-sdk/detectors/factory.ts';
 import type { TurnEndDetector } from '../runner-sdk/detectors/detector.ts';
 import type { CliKind as SdkCliKind, TurnEndEvidence } from '../runner-sdk/evidence.ts';
 import type { ExecRelay } from './exec-relay.ts';
 import { keyDigest, replayOutcome } from './idempotency.ts';
 import { decodeTurnFlags } from './records.ts';
+import type { FleetTurn } from './runner-backend.ts';
 import type { ControlPlaneDeps } from './state.ts';
 
 export type TurnRunnerDeps = Pick<ControlPlaneDeps, 'config' | 'groups' | 'metrics' | 'logger' | 'now'>;
@@ -26,6 +39,23 @@ const MAX_LINE_BYTES = 8 * 1024 * 1024;
 /** Events held for a slow caller before the turn waits for it (the exec window bounds bytes too). */
 const MAX_PENDING_EVENTS = 256;
 const SDK_CLI: Partial<Record<CliKind, SdkCliKind>> = { claude_code: 'claude-code', pi: 'pi', codex: 'codex' };
+/** Stdin payload per frame (the relay's bound). */
+const STDIN_FRAME = 128 * 1024;
+
+/**
+ * The runner backend as RunTurn uses it: the begin names the turn process's command digest, the end
+ * names the turn process the turn ran on (ControlPlaneRunnerBackend). A backend that ignores both
+ * never reports LIVE for RunTurn (no turn process is ever recorded).
+ */
+export interface TurnBackend extends RunnerBackend {
+  beginTurn(input: BeginTurnInput, fleet?: FleetTurn): Promise<BeginTurnView>;
+  completeTurn(input: CompleteTurnInput, fleet?: { readonly process?: ProcessIdentity | undefined }): Promise<CompleteTurnView>;
+}
+
+/** How one turn is run: its own CLI process, or on the member's turn process. */
+type TurnPlan =
+  | { readonly kind: 'per_turn'; readonly command: { argv: string[]; env: Record<string, string> } }
+  | { readonly kind: 'turn_process'; readonly command: { argv: string[]; env: Record<string, string> }; readonly digest: string; readonly input: Buffer };
 
 /** Splits a byte stream into lines (without the newline), each at most MAX_LINE_BYTES; longer ones are dropped. */
 class LineSplitter {
@@ -66,7 +96,8 @@ class LineSplitter {
 /** The SDK's evidence as the runner port's input (what CompleteTurn takes), with the driver's facts. */
 export function evidenceInput(e: TurnEndEvidence, exit: ExecExitView | undefined): TurnEvidenceInput {
   const kind = e.endKind === 'none' ? (e.transport?.kind ?? 'cancelled') : e.endKind;
-  const exitConfirmed = exit !== undefined;
+  // A detached turn process did not exit: it is kept for the next turn.
+  const exitConfirmed = exit !== undefined && exit.end !== 'detached';
   return {
     kind,
     nativeTurnEnded: e.nativeTurnEnded,
@@ -84,7 +115,7 @@ export function evidenceInput(e: TurnEndEvidence, exit: ExecExitView | undefined
 }
 
 /** What a turn that did not end natively is completed with. */
-function notEnded(kind: 'disconnect' | 'timeout' | 'cancelled', why: string, exit: ExecExitView | undefined): TurnEvidenceInput {
+function notEnded(kind: 'disconnect' | 'timeout' | 'cancelled' | 'rejected', why: string, exit: ExecExitView | undefined): TurnEvidenceInput {
   return {
     kind, nativeTurnEnded: false, succeeded: false, cleanupFinished: true, transportUsable: false, locatorUsable: false,
     processExited: exit !== undefined, exitConfirmed: exit !== undefined, ...(exit !== undefined ? { exitCode: exit.exitCode } : {}), errorMessage: why.slice(0, 4096),
@@ -144,7 +175,7 @@ export class TurnRunner {
 
   constructor(
     private readonly deps: TurnRunnerDeps,
-    private readonly runner: RunnerBackend,
+    private readonly runner: TurnBackend,
     private readonly relay: ExecRelay,
   ) {}
 
@@ -157,11 +188,20 @@ export class TurnRunner {
     if (profile === undefined || SDK_CLI[cli] === undefined) {
       throw new PreconditionFailed('cli_unsupported', `the fleet has no way to run ${cli} turns (no CLI profile; OpenCode/Kilo need the live bridge): drive it with Exec`, { details: { cli } });
     }
-    const command = (locator: string | undefined) => buildTurnCommand(cli, profile, { prompt: input.prompt, locator, model: input.model });
-    command(input.locator);
+    const keep = keepsTurnProcess(cli, profile);
+    const plan = (locator: string | undefined): TurnPlan => {
+      if (!keep) return { kind: 'per_turn', command: buildTurnCommand(cli, profile, { prompt: input.prompt, locator, model: input.model }) };
+      const started = buildTurnProcessCommand(cli, profile, { locator, model: input.model });
+      const digest = createHash('sha256').update(started.identity).digest('base64url').slice(0, 32);
+      return { kind: 'turn_process', command: started, digest, input: Buffer.from(turnInput(cli, input.prompt, 'check')) };
+    };
+    const checked = plan(input.locator);
     const completeKey = `${input.idempotencyKey}:complete`.slice(0, 128);
     const calledAt = this.deps.now();
-    const begun = await this.runner.beginTurn({ idempotencyKey: input.idempotencyKey, groupId: input.groupId, memberId: input.memberId, locator: input.locator });
+    const begun = await this.runner.beginTurn(
+      { idempotencyKey: input.idempotencyKey, groupId: input.groupId, memberId: input.memberId, locator: input.locator },
+      { commandDigest: checked.kind === 'turn_process' ? checked.digest : undefined },
+    );
     yield { kind: 'begun', begun };
 
     const mine = this.#running.get(begun.turnId);
@@ -170,15 +210,17 @@ export class TurnRunner {
       yield { kind: 'end', end: await mine };
       return;
     }
-    const inFlight = async (): Promise<{ startedAtMs: number } | undefined> => {
+    const inFlight = async (): Promise<{ startedAtMs: number; process: ProcessIdentity | undefined } | undefined> => {
       const m = (await this.deps.groups.require(input.groupId)).value.members.find((x) => x.session.memberId === input.memberId);
-      return m?.session.phase === 'IN_TURN' && m.session.inFlight?.turnId === begun.turnId ? { startedAtMs: m.session.inFlight.startedAtMs } : undefined;
+      return m?.session.phase === 'IN_TURN' && m.session.inFlight?.turnId === begun.turnId ? { startedAtMs: m.session.inFlight.startedAtMs, process: m.session.inFlight.process } : undefined;
     };
     // This call began the turn when its begin is stamped no earlier than the call (a repeated key
     // answers the stored begin, stamped when the first call began it).
     const flight = await inFlight();
     if (flight !== undefined && flight.startedAtMs === begun.startedAtMs && begun.startedAtMs >= calledAt) {
-      yield* this.#driveNew(input, begun, command(begun.locator), cli, completeKey, signal);
+      const p = plan(begun.locator !== '' ? begun.locator : undefined);
+      const turn = p.kind === 'turn_process' ? { ...p, input: Buffer.from(turnInput(cli, input.prompt, begun.turnId)) } : p;
+      yield* this.#driveNew(input, begun, turn, cli, completeKey, signal, flight.process);
       return;
     }
     yield { kind: 'end', end: await this.#awaitOther(input, begun, completeKey, inFlight) };
@@ -218,11 +260,11 @@ export class TurnRunner {
     return { completion, evidence, observedLocator: undefined, exit: undefined };
   }
 
-  async *#driveNew(input: RunTurnInput, begun: BeginTurnView, command: { argv: string[]; env: Record<string, string> }, cli: CliKind, completeKey: string, signal: AbortSignal): AsyncIterable<RunTurnEvent> {
+  async *#driveNew(input: RunTurnInput, begun: BeginTurnView, plan: TurnPlan, cli: CliKind, completeKey: string, signal: AbortSignal, live: ProcessIdentity | undefined): AsyncIterable<RunTurnEvent> {
     const channel = new EventChannel();
     const onAbort = (): void => channel.detach();
     signal.addEventListener('abort', onAbort, { once: true });
-    const driven = this.#drive(input, begun, command, cli, completeKey, channel);
+    const driven = this.#drive(input, begun, plan, cli, completeKey, channel, live);
     this.#running.set(begun.turnId, driven);
     driven.then((end) => channel.put({ kind: 'end', end }).then(() => channel.close()), (err: unknown) => channel.close(err))
       .finally(() => this.#running.delete(begun.turnId));
@@ -234,24 +276,52 @@ export class TurnRunner {
     }
   }
 
-  /** Run the CLI and complete the turn; independent of the caller (who may leave). */
-  async #drive(input: RunTurnInput, begun: BeginTurnView, command: { argv: string[]; env: Record<string, string> }, cli: CliKind, completeKey: string, channel: EventChannel): Promise<RunTurnEndView> {
+  /**
+   * Run the CLI and complete the turn; independent of the caller (who may leave). `live`: for a LIVE
+   * turn, the turn process the begin reused (from the member's in-flight turn).
+   */
+  async #drive(input: RunTurnInput, begun: BeginTurnView, plan: TurnPlan, cli: CliKind, completeKey: string, channel: EventChannel, live: ProcessIdentity | undefined): Promise<RunTurnEndView> {
+    /** The turn process this turn runs on (NEW/RESTORED: the one it starts; LIVE: the one reused). */
+    let turnProcess: ProcessIdentity | undefined;
     const complete = async (evidence: TurnEvidenceInput, observedLocator: string | undefined, exit: ExecExitView | undefined): Promise<RunTurnEndView> => {
-      const completion = await this.runner.completeTurn({ idempotencyKey: completeKey, groupId: input.groupId, memberId: input.memberId, turnId: begun.turnId, ...(observedLocator !== undefined ? { observedLocator } : {}), evidence });
+      const completion = await this.runner.completeTurn(
+        { idempotencyKey: completeKey, groupId: input.groupId, memberId: input.memberId, turnId: begun.turnId, ...(observedLocator !== undefined ? { observedLocator } : {}), evidence },
+        { process: turnProcess },
+      );
       this.deps.metrics.runTurns.inc({ cli, ended: evidence.nativeTurnEnded ? (evidence.succeeded ? 'succeeded' : 'failed') : 'not_ended' });
       return { completion, evidence, observedLocator, exit };
     };
+    const notStarted = async (kind: 'disconnect' | 'rejected', why: string, err: unknown): Promise<never> => {
+      // The CLI never got this turn: nothing of the native session changed, but the turn cannot be said to have ended.
+      await complete(notEnded(kind, why, undefined), undefined, undefined).catch((e2: unknown) => this.deps.logger.warn({ err: e2 }, 'completing a turn that never started failed'));
+      throw err;
+    };
+    let onProcess: ExecStartInput['turnProcess'];
+    if (plan.kind === 'turn_process') {
+      if (begun.contextState === 'LIVE') {
+        // Core answers LIVE to RunTurn only for a turn process the agent listed (runner-backend.ts).
+        if (live === undefined || !isTurnProcess(live)) {
+          return notStarted('rejected', 'LIVE without a turn process to attach to', new Error(`turn ${begun.turnId} is LIVE but names no turn process`));
+        }
+        turnProcess = live;
+        onProcess = { mode: 'attach', processId: live.incarnation.slice(live.incarnation.indexOf('/') + 1) };
+      } else {
+        onProcess = { mode: 'start', commandDigest: plan.digest };
+      }
+    }
     const turnAbort = new AbortController();
     let session: ExecSession;
     try {
       session = await this.relay.exec({
-        groupId: input.groupId, memberId: input.memberId, argv: command.argv, env: Object.entries(command.env).map(([name, value]) => ({ name, value })),
-        workingDir: '', stdin: false, timeoutMs: input.timeoutMs, outputLimitBytes: 0, expectedGeneration: begun.generation, cancelGraceMs: 0,
+        groupId: input.groupId, memberId: input.memberId, argv: plan.command.argv, env: Object.entries(plan.command.env).map(([name, value]) => ({ name, value })),
+        workingDir: '', stdin: plan.kind === 'turn_process', timeoutMs: input.timeoutMs, outputLimitBytes: 0, expectedGeneration: begun.generation, cancelGraceMs: 0,
+        ...(onProcess !== undefined ? { turnProcess: onProcess } : {}),
       }, turnAbort.signal);
     } catch (err) {
-      // The CLI never started: nothing of the native session changed, but the turn cannot be said to have ended.
-      await complete(notEnded('disconnect', `the CLI could not be started: ${(err as Error).message}`, undefined), undefined, undefined).catch(() => undefined);
-      throw err;
+      return notStarted(onProcess?.mode === 'attach' ? 'rejected' : 'disconnect', `the CLI could not be ${onProcess?.mode === 'attach' ? 'reached' : 'started'}: ${(err as Error).message}`, err);
+    }
+    if (plan.kind === 'turn_process' && session.started.processId !== undefined) {
+      turnProcess = turnProcessIn({ containerId: session.started.containerId, incarnation: session.started.incarnation }, session.started.processId);
     }
     const detector: TurnEndDetector = createDetector(SDK_CLI[cli]!, begun.locator !== undefined && begun.locator !== '' ? { expectedLocator: begun.locator } : {});
     const lines = new LineSplitter();
@@ -262,6 +332,11 @@ export class TurnRunner {
         detector.observe(undefined);
       }
     };
+    // The turn's input (turn processes): written as the agent grants stdin credit.
+    const pending = plan.kind === 'turn_process' ? plan.input : Buffer.alloc(0);
+    let written = 0;
+    let credit = 0;
+    let ended = false;
     let exit: ExecExitView | undefined;
     try {
       for await (const e of session.events()) {
@@ -277,13 +352,35 @@ export class TurnRunner {
             await channel.put({ kind: 'stderr', data: e.data });
           }
           session.consumed(e.data.length);
+        } else if (e.kind === 'stdin_credit') {
+          credit += e.bytes;
+          while (written < pending.length && credit > 0) {
+            const n = Math.min(credit, STDIN_FRAME, pending.length - written);
+            session.writeStdin(pending.subarray(written, written + n));
+            written += n;
+            credit -= n;
+          }
         } else if (e.kind === 'exit') {
           exit = e.exit;
         }
+        if (plan.kind === 'turn_process' && !ended && detector.nativeTurnEnded) {
+          ended = true;
+          // The CLI ended the turn: keep its process for the next turn, or (R-S6 api_retry) let it
+          // exit and wait for that exit, as a `-p` process would.
+          if (detector.result().processWillExit) session.closeStdin();
+          else session.detach();
+        }
       }
     } catch (err) {
-      // Fenced or lost mid-turn: not a turn end; the slot is reclaimed before the member's next start.
       const why = isFleetError(err) ? `${err.reason}: ${err.message}` : String(err);
+      if (detector.nativeTurnEnded) {
+        // The CLI ended its turn; only the way back failed: the session is kept, the process is not
+        // reused (its exit is not confirmed: R-S6 reclaims its container run before the next start).
+        detector.onTransport('disconnect', why);
+        const evidence = detector.result();
+        return complete({ ...evidenceInput(evidence, undefined), inputBytes: Buffer.byteLength(input.prompt) }, evidence.observedLocator, undefined);
+      }
+      // Fenced or lost mid-turn: not a turn end; the next begin reports LOST (R-S5).
       await complete(notEnded('disconnect', why, undefined), undefined, undefined).catch((e2: unknown) => this.deps.logger.warn({ err: e2 }, 'completing a lost turn failed'));
       throw isFleetError(err) ? err : new Unavailable('exec_transport_lost', why);
     }

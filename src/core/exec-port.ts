@@ -18,6 +18,11 @@ export interface ExecStartInput {
   readonly expectedGeneration: number;
   /** 0 = the default. */
   readonly cancelGraceMs: number;
+  /**
+   * RunTurn only (never from the public Exec): run on the member's CLI process kept between turns —
+   * start it (`argv`; the member's older idle one is ended first) or attach to the one named.
+   */
+  readonly turnProcess?: { readonly mode: 'start'; readonly commandDigest: string } | { readonly mode: 'attach'; readonly processId: string } | undefined;
 }
 
 export interface ExecStartedView {
@@ -28,9 +33,12 @@ export interface ExecStartedView {
   readonly containerId: string;
   /** The container's start time (unix ms) as a string. */
   readonly incarnation: string;
+  /** With `turnProcess`: the turn process's id (its identity is `<incarnation>/<processId>`). */
+  readonly processId?: string | undefined;
 }
 
-export type ExecEndKind = 'exited' | 'cancelled' | 'deadline' | 'output_limit';
+/** `detached`: a turn process's turn ended and the process was kept (it did not exit). */
+export type ExecEndKind = 'exited' | 'cancelled' | 'deadline' | 'output_limit' | 'detached';
 
 export interface ExecExitView {
   readonly end: ExecEndKind;
@@ -58,6 +66,8 @@ export interface ExecSession {
   writeStdin(bytes: Uint8Array): void;
   closeStdin(): void;
   cancel(graceMs?: number): void;
+  /** Turn processes only: the turn is over; the exec ends `detached` and the process is kept. */
+  detach(): void;
 }
 
 export interface RunTurnInput {

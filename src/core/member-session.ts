@@ -5,8 +5,12 @@
 //
 // The rules in one place:
 // - NEW only before the first completed native turn; LIVE only on the very process that ran the last
-//   turn and is still running; RESTORED only when a new process attaches to retained native state
-//   with a saved locator; anything that cannot be confirmed is LOST and the turn is refused.
+//   turn and is still running, and only for a driver that can reach it; RESTORED only when a new
+//   process attaches to retained native state with a saved locator; anything that cannot be
+//   confirmed is LOST and the turn is refused.
+// - Before a new process starts on retained state, any process that ran a turn on it and may still
+//   run (the last turn's process that is not reused, or one whose exit nobody confirmed) is ended
+//   (R-S6: never two processes on one native session).
 // - The locator is saved only at a turn end, after the observed id is checked; a saved locator is
 //   never replaced by a different one (R-S2, R-R2).
 import { IdentityRefused, InvalidArgument, NotFound, Unavailable } from './errors.ts';
@@ -14,11 +18,34 @@ import { parseLocator, type Locator } from './ids.ts';
 import type { CliKind, NotEndedCause, TurnEnd } from './turn-end-evidence.ts';
 import { everyMemberOf } from './exhaustive.ts';
 
-/** Which process ran a turn: the container and the process's start identity within it. */
+/**
+ * Which process ran a turn. Two granularities, told apart by the incarnation's form:
+ * - a container incarnation, `<container start ms>`: the process a runner drives itself (its own exec)
+ *   in that container run. The control plane cannot see that process, only the container it lives
+ *   in, so the container run stands for it (containers are never restarted behind our back);
+ * - a turn process, `<container start ms>/<process id>`: one CLI process the host agent keeps in that
+ *   container run between turns (RunTurn, R-I9), which the agent lists by that id while it runs.
+ */
 export interface ProcessIdentity {
   readonly containerId: string;
-  /** Distinguishes process starts in the same container (e.g. pid + start time, or an agent counter). */
+  /** `<container start ms>` or `<container start ms>/<process id>` (see above). */
   readonly incarnation: string;
+}
+
+/** The container run a process lives in (itself for a container incarnation). */
+export function containerRunOf(p: ProcessIdentity): ProcessIdentity {
+  const slash = p.incarnation.indexOf('/');
+  return slash < 0 ? p : { containerId: p.containerId, incarnation: p.incarnation.slice(0, slash) };
+}
+
+/** True for a CLI process the host agent keeps between turns (`<container start>/<process id>`). */
+export function isTurnProcess(p: ProcessIdentity): boolean {
+  return p.incarnation.includes('/');
+}
+
+/** The identity of turn process `processId` in container run `container` (a container incarnation). */
+export function turnProcessIn(container: ProcessIdentity, processId: string): ProcessIdentity {
+  return { containerId: container.containerId, incarnation: `${containerRunOf(container).incarnation}/${processId}` };
 }
 
 export type MemberPhase =
@@ -117,8 +144,13 @@ export function newMemberSession(memberId: string, cli: CliKind): MemberSession 
 export interface MemberObservation {
   readonly containerPresent: boolean;
   readonly layerIntact: boolean;
-  /** The member's process currently running in the container, if any. */
+  /** The member's container run, when the container runs (a container incarnation, `<start ms>`). */
   readonly runningProcess?: ProcessIdentity | undefined;
+  /**
+   * The turn processes the host agent keeps for this member in that container run that THIS begin's
+   * driver could reuse (RunTurn, with the same command); none for a runner's own begin.
+   */
+  readonly turnProcesses?: readonly ProcessIdentity[] | undefined;
   /** Cold-start check (R-G5): the native session files for the saved locator exist. Unknown = undefined. */
   readonly sessionFilesPresent?: boolean | undefined;
 }
@@ -127,6 +159,12 @@ export interface BeginRequest {
   readonly turnId: string;
   /** The runner's locator, if it sent one (already parsed with parseOptionalLocator). */
   readonly locator?: Locator | undefined;
+  /**
+   * The fleet drives this turn itself (RunTurn): it can reuse only a turn process the host agent
+   * keeps (`turnProcesses`), never a process a runner drove itself — and a runner's own begin can
+   * never reuse a turn process (it cannot reach it).
+   */
+  readonly fleetDriven?: boolean | undefined;
 }
 
 export type BeginOutcome =
@@ -140,8 +178,10 @@ export type BeginOutcome =
       /** A new process must be started for this turn (NEW without a running process, or RESTORED). */
       readonly startProcess: boolean;
       /**
-       * R-S6: the running process that must be ended before the new one starts (the member's
-       * `reclaim`, still running). Write `member` back only once it has been ended.
+       * R-S6: the container run to restart before the new process starts, because a process that
+       * ran a turn on this session may still run in it (the member's `reclaim`, or its last process
+       * that is not reused here). Always a container incarnation. Write `member` back only once the
+       * container has been restarted.
        */
       readonly reclaimProcess?: ProcessIdentity;
       /** This begin repeats the in-flight one (same turnId): nothing changed. */
@@ -158,6 +198,21 @@ export type BeginOutcome =
 
 function sameProcess(a: ProcessIdentity | undefined, b: ProcessIdentity | undefined): boolean {
   return a !== undefined && b !== undefined && a.containerId === b.containerId && a.incarnation === b.incarnation;
+}
+
+/**
+ * R-S1: may this begin reuse `p` (the process the last turn left reusable)? Only if it still runs and
+ * this driver can reach it: a turn process the agent lists in the running container run, for the
+ * fleet; the very container run the runner's own process lived in, for a runner.
+ */
+function reusable(p: ProcessIdentity, observation: MemberObservation, fleetDriven: boolean): boolean {
+  if (!isTurnProcess(p)) return !fleetDriven && sameProcess(p, observation.runningProcess);
+  return fleetDriven && sameProcess(containerRunOf(p), observation.runningProcess) && (observation.turnProcesses ?? []).some((q) => sameProcess(q, p));
+}
+
+/** A process that may still run on the session: its container run is the one running now. */
+function mayStillRun(p: ProcessIdentity | undefined, observation: MemberObservation): boolean {
+  return p !== undefined && sameProcess(containerRunOf(p), observation.runningProcess);
 }
 
 function lose(member: MemberSession, reason: MemberLossReason): MemberSession {
@@ -244,13 +299,16 @@ export function beginTurn(member: MemberSession, request: BeginRequest, observat
     return begun(member, { turnId: request.turnId, contextState: 'NEW', startedAtMs: nowMs, ...(running ? { process: running } : {}) }, running === undefined, undefined);
   }
   const locator = member.savedLocator as Locator;
-  if (sameProcess(member.process, observation.runningProcess)) {
-    return begun(member, { turnId: request.turnId, contextState: 'LIVE', locator, process: observation.runningProcess as ProcessIdentity, startedAtMs: nowMs }, false, undefined);
+  const last = member.process;
+  if (last !== undefined && reusable(last, observation, request.fleetDriven === true)) {
+    return begun(member, { turnId: request.turnId, contextState: 'LIVE', locator, process: last, startedAtMs: nowMs }, false, undefined);
   }
-  // A new process attaches to the retained session. If the last turn's process may still run on it
-  // (R-S6: exit not confirmed) and its incarnation is still the one running, it is reclaimed first;
-  // a different incarnation means the container restarted since, which ended it already.
-  const lingering = sameProcess(member.reclaim, observation.runningProcess) ? observation.runningProcess : undefined;
+  // A new process attaches to the retained session. A process that ran a turn on it and may still run
+  // there — the last turn's process whose exit nobody confirmed (R-S6), or the reusable one this
+  // driver cannot reuse (a runner's own process for the fleet, a turn process the agent does not
+  // list or that was started with another command) — is ended first by restarting its container
+  // run; a container that restarted since ended it already.
+  const lingering = mayStillRun(member.reclaim, observation) || mayStillRun(last, observation) ? observation.runningProcess : undefined;
   return begun(member, { turnId: request.turnId, contextState: 'RESTORED', locator, startedAtMs: nowMs }, true, lingering);
 }
 

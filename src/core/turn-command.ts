@@ -1,8 +1,17 @@
-// The command line of one native turn, built by the fleet from a typed request (R-I9): the runner
+// The command line of native turns, built by the fleet from a typed request (R-I9): the runner
 // names a prompt, maybe a model, and the member's saved locator is resumed; it never passes raw
 // flags, so it cannot switch a CLI into another mode, point it at another session or run another
-// binary. One function per CLI, each the form verified against the pinned CLI (Claude Code
-// `-p … --output-format stream-json --verbose [--resume]`, Pi `--mode json -p [--session]`).
+// binary. Two forms per CLI, each verified against the pinned CLI:
+// - one process per turn: Claude Code `-p … --output-format stream-json --verbose [--resume]`,
+//   Pi `--mode json -p [--session]`;
+// - a turn process kept between turns (R-S1 LIVE): Claude Code `-p --input-format stream-json
+//   --output-format stream-json --verbose [--resume]` takes one user message per JSON line on stdin
+//   and answers each with its own `system/init` … `result` (2.1.220: two messages, one process, the
+//   second request carries the first exchange once); Pi `--mode rpc [--session]` takes `get_state`
+//   (its answer names the session) and `prompt` commands, one `agent_end` per prompt (0.73.1).
+//   Codex's `app-server` also takes several turns in one process (codex-app-server.test.ts), but over
+//   a JSON-RPC handshake (initialize, thread/start or thread/resume, then turn/start by thread id)
+//   the fleet does not drive: Codex turns are not run by the fleet.
 // Pure: the binary and its environment come from the operator's CLI profile.
 import { InvalidArgument, PreconditionFailed } from './errors.ts';
 import type { CliKind } from './turn-end-evidence.ts';
@@ -15,6 +24,12 @@ export interface CliProfile {
   readonly env: Readonly<Record<string, string>>;
   /** Extra fixed arguments the operator adds (e.g. Pi's provider), placed before the prompt flags. */
   readonly args?: readonly string[];
+  /**
+   * Keep the CLI running between turns (a turn process, LIVE next turn); default true for the CLIs
+   * that can (TURN_PROCESS_CLIS). False: one process per turn (less memory held by idle members;
+   * every turn after the first is RESTORED).
+   */
+  readonly keepProcess?: boolean;
 }
 
 export interface TurnCommandInput {
@@ -30,6 +45,14 @@ const MODEL = /^[A-Za-z0-9._:/-]{1,128}$/;
 
 /** CLIs whose turns the fleet can run itself (OpenCode and Kilo need the live bridge, R-S7). */
 export const RUNNABLE_CLIS: readonly CliKind[] = ['claude_code', 'pi'];
+
+/** CLIs the fleet can keep running between turns (see the header). */
+export const TURN_PROCESS_CLIS: readonly CliKind[] = ['claude_code', 'pi'];
+
+/** Whether RunTurn keeps `cli`'s process between turns with this profile. */
+export function keepsTurnProcess(cli: CliKind, profile: CliProfile): boolean {
+  return TURN_PROCESS_CLIS.includes(cli) && profile.keepProcess !== false;
+}
 
 export function checkTurnRequest(input: TurnCommandInput): void {
   const bytes = new TextEncoder().encode(input.prompt).length;
@@ -57,5 +80,63 @@ export function buildTurnCommand(cli: CliKind, profile: CliProfile, input: TurnC
       };
     default:
       throw new PreconditionFailed('cli_unsupported', `the fleet cannot run ${cli} turns itself (drive it with Exec and the SDK's detector)`, { details: { cli } });
+  }
+}
+
+/** A CLI started as a turn process: it reads its turns from stdin (turnInput). */
+export interface TurnProcessCommand {
+  readonly argv: string[];
+  readonly env: Record<string, string>;
+  /**
+   * What makes two turn processes interchangeable: the command without the resumed locator (binary,
+   * fixed arguments, model, environment). A kept process is reused only by a turn that would have
+   * started the same one; another model or profile starts a new process (RESTORED).
+   */
+  readonly identity: string;
+}
+
+/** The argv and env that start `cli` as a turn process resuming `locator` (none for a NEW member). */
+export function buildTurnProcessCommand(cli: CliKind, profile: CliProfile, input: { readonly locator: string | undefined; readonly model: string }): TurnProcessCommand {
+  if (input.model !== '' && !MODEL.test(input.model)) throw new InvalidArgument('invalid_characters', 'model must be 1..128 of A-Za-z0-9._:/-', { details: { field: 'model' } });
+  const fixed = [...(profile.args ?? [])];
+  const model = input.model !== '' ? ['--model', input.model] : [];
+  const env: Record<string, string> = { ...profile.env };
+  let base: string[];
+  let resume: string[];
+  switch (cli) {
+    case 'claude_code':
+      base = [profile.binary, ...fixed, '-p', '--input-format', 'stream-json', '--output-format', 'stream-json', '--verbose', ...model];
+      resume = input.locator !== undefined ? ['--resume', input.locator] : [];
+      // R-S5 (b): a kept Claude writes a turn's messages to its session file some 100-300 ms AFTER
+      // the `result` (2.1.220; `-p` flushes at exit), so a container stopped right after the turn (a
+      // stop, a migration) lost the last answer. With eager flush it writes them before the `result`:
+      // the CLI's own end then also means the turn is on disk. The fleet's setting wins.
+      env.CLAUDE_CODE_EAGER_FLUSH = '1';
+      break;
+    case 'pi':
+      base = [profile.binary, ...fixed, '--mode', 'rpc', ...model];
+      resume = input.locator !== undefined ? ['--session', input.locator] : [];
+      break;
+    default:
+      throw new PreconditionFailed('cli_unsupported', `the fleet cannot keep ${cli} running between turns`, { details: { cli } });
+  }
+  const identity = JSON.stringify({ cli, argv: base, env: Object.keys(env).sort().map((k) => [k, env[k]]) });
+  return { argv: [...base, ...resume], env, identity };
+}
+
+/**
+ * What one turn writes to a turn process's stdin: JSON lines, each ending in a newline (Claude Code:
+ * one user message; Pi: `get_state`, whose answer names the session before the turn's end, then
+ * `prompt`). `turnId` tags Pi's commands so their answers belong to this turn.
+ */
+export function turnInput(cli: CliKind, prompt: string, turnId: string): string {
+  checkTurnRequest({ prompt, locator: undefined, model: '' });
+  switch (cli) {
+    case 'claude_code':
+      return `${JSON.stringify({ type: 'user', message: { role: 'user', content: [{ type: 'text', text: prompt }] } })}\n`;
+    case 'pi':
+      return `${JSON.stringify({ id: `${turnId}-state`, type: 'get_state' })}\n${JSON.stringify({ id: turnId, type: 'prompt', message: prompt })}\n`;
+    default:
+      throw new PreconditionFailed('cli_unsupported', `the fleet cannot keep ${cli} running between turns`, { details: { cli } });
   }
 }

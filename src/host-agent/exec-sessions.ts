@@ -1,17 +1,29 @@
 // Processes in member containers for the control plane (R-I9): the agent end of an exec. A fenced
 // `execStart` command (epoch, generation, the member's container at that generation, running)
 // starts a Docker exec; its bytes then flow on the exec's own plain NATS subjects — output frames
-// out, control frames (stdin, credits, cancel, keepalive) in — each direction numbered, so a lost
-// frame is seen as a gap and ends the exec instead of silently corrupting it.
+// out, control frames (stdin, credits, cancel, keepalive, detach) in — each direction numbered, so a
+// lost frame is seen as a gap and ends the exec instead of silently corrupting it.
 // Bounded everywhere: output is sent only against credit the control plane granted (the Docker
 // stream is paused meanwhile, so the process blocks on a full pipe rather than the agent buffering),
 // stdin is accepted only up to the credit this agent granted, frames are at most 128 KiB, and the
 // number of sessions is capped. A control plane that falls silent (no keepalive within the idle
 // timeout) or a fenced epoch cancels the process: SIGINT, then SIGTERM and SIGKILL after the grace.
+//
+// Turn processes (RunTurn, R-S1 LIVE): a member's CLI process can be kept between turns. A START
+// exec starts it (after ending the member's older idle one: never two on one native session), an
+// ATTACH exec streams the next turn on it; `detach` ends the turn's exec and keeps the process.
+// At most one per member (keyed by group and member), so their number is bounded by the members
+// this host holds (and capped). Between turns its output is discarded (the turn's detector has seen
+// the end; nothing a CLI prints between turns belongs to a turn). It ends with its container (stop,
+// restart, reclaim, migration away), when its attached exec is cancelled (cancel, deadline, output
+// limit, a silent control plane: the turn is not confirmed, so the process is not kept either), on
+// a fenced epoch and when the agent stops (cancelAll). The inventory lists the running ones
+// (turnProcesses), which is the only evidence the control plane takes for LIVE.
+import { randomBytes } from 'node:crypto';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import { ExecFrameParser, type DockerRuntime, type OpenExec } from '../docker/runtime.ts';
-import { ExecAgentFrame, ExecControlFrame, type ExecStartCommand, type ExecStartResult } from '../gen/sandboxfleet/v1/agent.ts';
+import { ExecAgentFrame, ExecControlFrame, TurnProcessMode, type ExecStartCommand, type ExecStartResult, type TurnProcessInfo } from '../gen/sandboxfleet/v1/agent.ts';
 import { ExecEnd, ExecStream, type ExecExit } from '../gen/sandboxfleet/v1/exec.ts';
 import type { Logger } from '../observability/logger.ts';
 import { failed, refused } from './command-error.ts';
@@ -24,10 +36,14 @@ const STDIN_WINDOW = 1024 * 1024;
 const DEFAULT_OUTPUT_WINDOW = 1024 * 1024;
 const MAX_OUTPUT_WINDOW = 16 * 1024 * 1024;
 const MAX_SESSIONS = 256;
+/** Turn processes kept at once (one per member: the host's member count bounds them first). */
+const MAX_TURN_PROCESSES = 512;
 const MAX_ARGV = 256;
 const MAX_ARGV_BYTES = 128 * 1024;
 const MAX_ENV = 64;
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
+const PROCESS_ID = /^[a-z0-9-]{1,32}$/;
+const DIGEST = /^[A-Za-z0-9_-]{1,128}$/;
 
 export interface ExecSessionsDeps {
   readonly nc: NatsConnection;
@@ -37,10 +53,25 @@ export interface ExecSessionsDeps {
   readonly nowMs: () => number;
 }
 
+/**
+ * The turn processes of each engine's agent, by the DockerRuntime the agent gives both ExecSessions
+ * and HostHealth: the inventory (host-health.ts) lists them through `turnProcessesOf`. Why not a
+ * constructor argument: the two are wired separately in agent.ts; the runtime is what they share.
+ */
+const turnProcessRegistry = new WeakMap<DockerRuntime, () => TurnProcessInfo[]>();
+
+/** The running turn processes on `runtime`'s engine (none if no agent keeps any there). */
+export function turnProcessesOf(runtime: DockerRuntime): TurnProcessInfo[] {
+  return turnProcessRegistry.get(runtime)?.() ?? [];
+}
+
 function validate(cmd: ExecStartCommand): void {
-  if (cmd.argv.length === 0 || cmd.argv.length > MAX_ARGV) throw refused('invalid_argument', `argv must have 1..${MAX_ARGV} entries`);
-  if (cmd.argv.reduce((n, a) => n + Buffer.byteLength(a), 0) > MAX_ARGV_BYTES) throw refused('invalid_argument', `argv exceeds ${MAX_ARGV_BYTES} bytes`);
-  if (cmd.argv.some((a) => a.includes('\0'))) throw refused('invalid_argument', 'argv entries may not contain NUL');
+  const tp = cmd.turnProcess;
+  if (tp === undefined || tp.mode === TurnProcessMode.START) {
+    if (cmd.argv.length === 0 || cmd.argv.length > MAX_ARGV) throw refused('invalid_argument', `argv must have 1..${MAX_ARGV} entries`);
+    if (cmd.argv.reduce((n, a) => n + Buffer.byteLength(a), 0) > MAX_ARGV_BYTES) throw refused('invalid_argument', `argv exceeds ${MAX_ARGV_BYTES} bytes`);
+    if (cmd.argv.some((a) => a.includes('\0'))) throw refused('invalid_argument', 'argv entries may not contain NUL');
+  }
   if (cmd.env.length > MAX_ENV || cmd.env.some((e) => !ENV_NAME.test(e.name) || e.value.length > 32 * 1024 || e.value.includes('\0'))) throw refused('invalid_argument', 'env entries are bounded names and values');
   if (cmd.workingDir !== '' && (!cmd.workingDir.startsWith('/') || cmd.workingDir.length > 4096 || cmd.workingDir.includes('\0'))) throw refused('invalid_argument', 'workingDir must be an absolute path');
   try {
@@ -48,9 +79,35 @@ function validate(cmd: ExecStartCommand): void {
   } catch {
     throw refused('invalid_argument', 'execId must be [a-z0-9-]{8,64}');
   }
+  if (tp !== undefined) {
+    if (!cmd.stdin) throw refused('invalid_argument', 'a turn process takes its turns on stdin');
+    if (tp.mode === TurnProcessMode.START && !DIGEST.test(tp.commandDigest)) throw refused('invalid_argument', 'command_digest must be [A-Za-z0-9_-]{1,128}');
+    else if (tp.mode === TurnProcessMode.ATTACH && !PROCESS_ID.test(tp.processId)) throw refused('invalid_argument', 'process_id must be [a-z0-9-]{1,32}');
+    else if (tp.mode !== TurnProcessMode.START && tp.mode !== TurnProcessMode.ATTACH) throw refused('invalid_argument', 'turn_process.mode must be START or ATTACH');
+  }
 }
 
-/** One running exec. */
+/** What a session does with its process: a one-shot exec it owns, or the turn process it is attached to. */
+interface SessionIo {
+  readonly turn: boolean;
+  pause(): void;
+  resume(): void;
+  write(data: Buffer, done: () => void): void;
+  endInput(): void;
+  state(): Promise<{ readonly running: boolean; readonly exitCode: number | null; readonly pid: number }>;
+  /** The session is over: a one-shot exec's stream is destroyed, a turn process is detached (kept if it runs). */
+  release(): void;
+}
+
+/** Signal an exec's process by its host pid (the DaemonSet runs with hostPID). */
+async function signalExec(state: SessionIo['state'], sig: NodeJS.Signals): Promise<boolean> {
+  const st = await state();
+  if (!st.running || st.pid <= 0) return false;
+  process.kill(st.pid, sig);
+  return true;
+}
+
+/** One running exec: a process's bytes for one control-plane session. */
 class Session {
   #outSeq = 0;
   #inSeq = 0;
@@ -62,7 +119,9 @@ class Session {
   #end: ExecEnd = ExecEnd.EXITED;
   #cancelTimers: NodeJS.Timeout[] = [];
   #idle: NodeJS.Timeout | undefined;
+  /** The exit is being reported: no more output goes out. */
   #closed = false;
+  #cleanedUp = false;
   /** SIGKILL was sent: what the process still wrote is dropped so its stream can drain to the end. */
   #discard = false;
   readonly #startedAt: number;
@@ -73,7 +132,7 @@ class Session {
   constructor(
     private readonly deps: ExecSessionsDeps,
     private readonly cmd: ExecStartCommand,
-    private readonly exec: OpenExec,
+    private readonly io: SessionIo,
     private readonly onClosed: () => void,
   ) {
     this.#startedAt = deps.nowMs();
@@ -82,14 +141,6 @@ class Session {
   }
 
   start(): void {
-    const parser = new ExecFrameParser((stream, bytes) => this.#output(stream, bytes));
-    this.exec.stream.on('data', (chunk: Buffer) => parser.push(chunk));
-    this.exec.stream.on('end', () => void this.#finish());
-    this.exec.stream.on('close', () => void this.#finish());
-    this.exec.stream.on('error', (err: Error) => {
-      this.deps.logger.warn({ err, execId: this.cmd.execId }, 'exec stream failed');
-      void this.#finish();
-    });
     this.#touch();
     if (this.cmd.stdin) this.#send({ $case: 'stdinCredit', value: STDIN_WINDOW });
   }
@@ -100,11 +151,11 @@ class Session {
   }
 
   /** Output from the process: sent while credit lasts, else held and the stream paused. */
-  #output(stream: 1 | 2, bytes: Buffer): void {
-    if (this.#discard) return;
+  output(stream: 1 | 2, bytes: Buffer): void {
+    if (this.#discard || this.#closed) return;
     if (this.#held.length > 0 || bytes.length > this.#outputCredit) {
       this.#held.push({ stream, bytes: Buffer.from(bytes) });
-      this.exec.stream.pause();
+      this.io.pause();
       this.#drainHeld();
       return;
     }
@@ -130,7 +181,7 @@ class Session {
       if (n === head.bytes.length) this.#held.shift();
       else head.bytes = head.bytes.subarray(n);
     }
-    if (this.#held.length === 0 && !this.#closed) this.exec.stream.resume();
+    if (this.#held.length === 0 && !this.#closed) this.io.resume();
   }
 
   #control(data: Uint8Array): void {
@@ -150,14 +201,14 @@ class Session {
         if (!this.cmd.stdin) return this.#fail('stdin sent to an exec without stdin');
         this.#stdinReceived += c.value.length;
         if (this.#stdinReceived > this.#stdinGranted) return this.#fail('stdin beyond the granted credit');
-        this.exec.stream.write(Buffer.from(c.value), () => {
+        this.io.write(Buffer.from(c.value), () => {
           this.#stdinGranted += c.value.length;
           this.#send({ $case: 'stdinCredit', value: c.value.length });
         });
         return;
       }
       case 'closeStdin':
-        this.exec.stream.end();
+        this.io.endInput();
         return;
       case 'outputCredit':
         this.#outputCredit = Math.min(MAX_OUTPUT_WINDOW * 2, this.#outputCredit + Math.max(0, c.value));
@@ -167,6 +218,10 @@ class Session {
         this.cancel(c.value.graceMs > 0 ? c.value.graceMs : this.cmd.cancelGraceMs, ExecEnd.CANCELLED);
         return;
       case 'keepalive':
+        return;
+      case 'detach':
+        if (!this.io.turn) return this.#fail('detach sent to an exec that is not a turn process');
+        this.#detach();
         return;
     }
   }
@@ -194,8 +249,7 @@ class Session {
     const grace = Math.min(60_000, graceMs > 0 ? graceMs : 2_000);
     const signal = (sig: NodeJS.Signals) => async () => {
       try {
-        const st = await this.exec.state();
-        if (st.running && st.pid > 0) process.kill(st.pid, sig);
+        await signalExec(() => this.io.state(), sig);
       } catch (err) {
         this.deps.logger.debug({ err, execId: this.cmd.execId, sig }, 'signalling the exec failed (gone already?)');
       }
@@ -205,7 +259,7 @@ class Session {
       void signal('SIGKILL')();
       this.#discard = true;
       this.#held = [];
-      this.exec.stream.resume();
+      this.io.resume();
     }, 2 * grace));
     for (const t of this.#cancelTimers) t.unref?.();
     // Output the process still writes while dying needs room to drain.
@@ -213,14 +267,23 @@ class Session {
     this.#drainHeld();
   }
 
-  async #finish(): Promise<void> {
+  /** The turn is over: end this exec, keep the process (its later output is discarded until the next turn). */
+  #detach(): void {
+    if (this.#closed || this.#cancelTimers.length > 0) return;
+    this.#closed = true;
+    this.#send({ $case: 'exit', value: { end: ExecEnd.DETACHED, exitCode: 0, stdoutBytes: this.#stdoutBytes, stderrBytes: this.#stderrBytes, durationMs: this.deps.nowMs() - this.#startedAt } });
+    this.#cleanUp();
+  }
+
+  /** The process's output stream ended: report its exit. */
+  async ended(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
     // Output still held for lack of credit is dropped: the consumer is gone or cancelled.
     let exitCode = -1;
     for (let i = 0; i < 50; i++) {
       try {
-        const st = await this.exec.state();
+        const st = await this.io.state();
         if (!st.running && st.exitCode !== null) {
           exitCode = st.exitCode;
           break;
@@ -232,21 +295,166 @@ class Session {
     }
     const exit: ExecExit = { end: this.#end, exitCode, stdoutBytes: this.#stdoutBytes, stderrBytes: this.#stderrBytes, durationMs: this.deps.nowMs() - this.#startedAt };
     this.#send({ $case: 'exit', value: exit });
+    this.#cleanUp();
+  }
+
+  #cleanUp(): void {
+    if (this.#cleanedUp) return;
+    this.#cleanedUp = true;
+    this.#held = [];
     for (const t of this.#cancelTimers) clearTimeout(t);
     if (this.#idle) clearTimeout(this.#idle);
     this.#sub.unsubscribe();
-    this.exec.stream.destroy();
+    this.io.release();
     this.onClosed();
+  }
+}
+
+/** A one-shot exec: the session owns the Docker stream. */
+function oneShot(exec: OpenExec, session: () => Session | undefined): SessionIo {
+  const parser = new ExecFrameParser((stream, bytes) => session()?.output(stream, bytes));
+  exec.stream.on('data', (chunk: Buffer) => parser.push(chunk));
+  const ended = (): void => void session()?.ended();
+  exec.stream.on('end', ended);
+  exec.stream.on('close', ended);
+  return {
+    turn: false,
+    pause: () => exec.stream.pause(),
+    resume: () => exec.stream.resume(),
+    write: (data, done) => void exec.stream.write(data, () => done()),
+    endInput: () => exec.stream.end(),
+    state: () => exec.state(),
+    release: () => exec.stream.destroy(),
+  };
+}
+
+/** A member's CLI process kept between turns; one turn's session at a time is attached to it. */
+class TurnProcess {
+  readonly startedAt: number;
+  #attached: Session | undefined;
+  #alive = true;
+  #discarded = 0;
+  readonly #exited: Promise<void>;
+  #markExited!: () => void;
+
+  constructor(
+    readonly groupId: string,
+    readonly memberId: string,
+    readonly containerId: string,
+    readonly containerStartedAt: number,
+    readonly processId: string,
+    readonly commandDigest: string,
+    private readonly exec: OpenExec,
+    private readonly logger: Logger,
+    nowMs: number,
+    onGone: (tp: TurnProcess) => void,
+  ) {
+    this.startedAt = nowMs;
+    this.#exited = new Promise((r) => (this.#markExited = r));
+    const parser = new ExecFrameParser((stream, bytes) => {
+      if (this.#attached !== undefined) this.#attached.output(stream, bytes);
+      else this.#discarded += bytes.length;
+    });
+    exec.stream.on('data', (chunk: Buffer) => parser.push(chunk));
+    const ended = (): void => {
+      if (!this.#alive) return;
+      this.#alive = false;
+      if (this.#discarded > 0) this.logger.info({ processId, discardedBytes: this.#discarded }, 'turn process wrote output between turns (discarded)');
+      onGone(this);
+      const s = this.#attached;
+      this.#attached = undefined;
+      void (s?.ended() ?? Promise.resolve()).finally(() => {
+        exec.stream.destroy();
+        this.#markExited();
+      });
+    };
+    exec.stream.on('end', ended);
+    exec.stream.on('close', ended);
+    exec.stream.on('error', (err: Error) => {
+      logger.warn({ err, processId }, 'turn process stream failed');
+      ended();
+    });
+  }
+
+  get alive(): boolean {
+    return this.#alive;
+  }
+
+  get attached(): boolean {
+    return this.#attached !== undefined;
+  }
+
+  state(): ReturnType<OpenExec['state']> {
+    return this.exec.state();
+  }
+
+  /** The IO of the session attached to this process for one turn. */
+  attach(session: () => Session | undefined): SessionIo {
+    return {
+      turn: true,
+      pause: () => this.exec.stream.pause(),
+      resume: () => this.exec.stream.resume(),
+      write: (data, done) => void this.exec.stream.write(data, () => done()),
+      endInput: () => this.exec.stream.end(),
+      state: () => this.exec.state(),
+      release: () => {
+        if (this.#attached !== session()) return;
+        this.#attached = undefined;
+        // Between turns nothing holds the stream back: what the process writes is discarded.
+        this.exec.stream.resume();
+      },
+    };
+  }
+
+  bind(session: Session): void {
+    this.#attached = session;
+  }
+
+  /** End an idle process: SIGTERM, SIGKILL after the grace; resolves true once its stream ended. */
+  async end(graceMs: number): Promise<boolean> {
+    if (this.#alive) {
+      const deadline = new Promise<'late'>((r) => setTimeout(() => r('late'), graceMs).unref());
+      try {
+        if (!(await signalExec(() => this.exec.state(), 'SIGTERM'))) this.exec.stream.destroy();
+      } catch {
+        this.exec.stream.destroy();
+      }
+      if ((await Promise.race([this.#exited.then(() => 'ended' as const), deadline])) === 'late') {
+        try {
+          await signalExec(() => this.exec.state(), 'SIGKILL');
+        } catch {
+          // gone meanwhile
+        }
+      }
+    }
+    const bound = new Promise<'late'>((r) => setTimeout(() => r('late'), graceMs + 5_000).unref());
+    return (await Promise.race([this.#exited.then(() => 'ended' as const), bound])) === 'ended';
+  }
+
+  info(): TurnProcessInfo {
+    return {
+      groupId: this.groupId, memberId: this.memberId, containerId: this.containerId, containerStartedAtUnixMs: this.containerStartedAt,
+      processId: this.processId, commandDigest: this.commandDigest, attached: this.attached, startedAtUnixMs: this.startedAt,
+    };
   }
 }
 
 export class ExecSessions {
   readonly #sessions = new Map<string, Session>();
+  /** Turn processes by `<group>/<member>`. */
+  readonly #turns = new Map<string, TurnProcess>();
 
-  constructor(private readonly deps: ExecSessionsDeps) {}
+  constructor(private readonly deps: ExecSessionsDeps) {
+    turnProcessRegistry.set(deps.runtime, () => this.turnProcesses());
+  }
 
   get size(): number {
     return this.#sessions.size;
+  }
+
+  /** The running turn processes (the inventory lists them: R-S1 evidence). */
+  turnProcesses(): TurnProcessInfo[] {
+    return [...this.#turns.values()].filter((t) => t.alive).map((t) => t.info());
   }
 
   /** Start an exec for a command already fenced by epoch and generation (command-handler.ts). */
@@ -259,21 +467,65 @@ export class ExecSessions {
       throw refused('member_not_found', `container ${cmd.containerId.slice(0, 64)} is not member ${cmd.memberId} of group ${cmd.groupId} at generation ${generation}`);
     }
     if (!c.running) throw refused('group_not_found', `member ${cmd.memberId}'s container is not running`);
-    const startedAt = c.startedAt === undefined ? 0 : Date.parse(c.startedAt);
-    let exec: OpenExec;
-    try {
-      exec = await this.deps.runtime.openExec(c.id, cmd.argv, { env: Object.fromEntries(cmd.env.map((e) => [e.name, e.value])), workingDir: cmd.workingDir, stdin: cmd.stdin });
-    } catch (err) {
-      throw failed('start_failed', `exec in ${cmd.memberId}: ${(err as Error).message}`, err);
+    const parsed = c.startedAt === undefined ? 0 : Date.parse(c.startedAt);
+    const startedAt = Number.isFinite(parsed) ? parsed : 0;
+    const result = { execId: cmd.execId, containerId: c.id, startedAtUnixMs: startedAt };
+    const tp = cmd.turnProcess;
+    if (tp === undefined) {
+      let exec: OpenExec;
+      try {
+        exec = await this.deps.runtime.openExec(c.id, cmd.argv, { env: Object.fromEntries(cmd.env.map((e) => [e.name, e.value])), workingDir: cmd.workingDir, stdin: cmd.stdin });
+      } catch (err) {
+        throw failed('start_failed', `exec in ${cmd.memberId}: ${(err as Error).message}`, err);
+      }
+      const session: Session = new Session(this.deps, cmd, oneShot(exec, () => session), () => this.#sessions.delete(cmd.execId));
+      exec.stream.on('error', (err: Error) => {
+        this.deps.logger.warn({ err, execId: cmd.execId }, 'exec stream failed');
+        void session.ended();
+      });
+      this.#sessions.set(cmd.execId, session);
+      session.start();
+      return { ...result, processId: '' };
     }
-    const session = new Session(this.deps, cmd, exec, () => this.#sessions.delete(cmd.execId));
+    const key = `${cmd.groupId}/${cmd.memberId}`;
+    let proc = this.#turns.get(key);
+    if (tp.mode === TurnProcessMode.ATTACH) {
+      const st = proc?.alive === true ? await proc.state().catch(() => undefined) : undefined;
+      if (proc === undefined || !proc.alive || proc.processId !== tp.processId || proc.containerId !== c.id || proc.containerStartedAt !== startedAt || st?.running !== true) {
+        throw refused('state_changed', `turn process ${tp.processId} of member ${cmd.memberId} is not running in its container`);
+      }
+      if (proc.attached) throw refused('state_changed', `turn process ${tp.processId} of member ${cmd.memberId} is running another turn`);
+    } else {
+      if (proc !== undefined) {
+        // R-S6: the member's older process may still run on the native session: end it first.
+        if (proc.attached) throw refused('state_changed', `member ${cmd.memberId}'s turn process ${proc.processId} is running a turn`);
+        if (!(await proc.end(cmd.cancelGraceMs > 0 ? cmd.cancelGraceMs : 2_000))) throw failed('stop_failed', `member ${cmd.memberId}'s turn process ${proc.processId} did not end`);
+      }
+      if (this.#turns.size >= MAX_TURN_PROCESSES) throw refused('no_capacity', `${MAX_TURN_PROCESSES} turn processes are kept on this host`);
+      let exec: OpenExec;
+      try {
+        exec = await this.deps.runtime.openExec(c.id, cmd.argv, { env: Object.fromEntries(cmd.env.map((e) => [e.name, e.value])), workingDir: cmd.workingDir, stdin: true });
+      } catch (err) {
+        throw failed('start_failed', `turn process in ${cmd.memberId}: ${(err as Error).message}`, err);
+      }
+      proc = new TurnProcess(cmd.groupId, cmd.memberId, c.id, startedAt, `p-${randomBytes(8).toString('hex')}`, tp.commandDigest, exec, this.deps.logger, this.deps.nowMs(), (gone) => {
+        if (this.#turns.get(key) === gone) this.#turns.delete(key);
+      });
+      this.#turns.set(key, proc);
+    }
+    const owner = proc;
+    const session: Session = new Session(this.deps, cmd, owner.attach(() => session), () => this.#sessions.delete(cmd.execId));
+    owner.bind(session);
     this.#sessions.set(cmd.execId, session);
     session.start();
-    return { execId: cmd.execId, containerId: c.id, startedAtUnixMs: Number.isFinite(startedAt) ? startedAt : 0 };
+    return { ...result, processId: owner.processId };
   }
 
-  /** Cancel every exec (the epoch was fenced, or the agent stops). */
+  /** Cancel every exec and end every turn process (the epoch was fenced, or the agent stops). */
   cancelAll(graceMs = 2_000): void {
     for (const s of this.#sessions.values()) s.cancel(graceMs, ExecEnd.CANCELLED);
+    for (const t of this.#turns.values()) {
+      if (!t.attached) void t.end(graceMs);
+    }
   }
 }

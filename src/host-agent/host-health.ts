@@ -1,5 +1,5 @@
 // What the agent knows about its engine between commands: the inventory of member containers
-// (R-H3), free capacity, and whether the Docker data directory was lost (R-H5) — the data root
+// (R-H3) and of the CLI processes it keeps between turns (exec-sessions.ts, R-S1), free capacity, and whether the Docker data directory was lost (R-H5) — the data root
 // vanished from disk, or the engine failed to answer several checks in a row. Data loss is sticky
 // for the life of the process: a dockerd that comes back on an empty data root has not brought
 // the writable layers back.
@@ -9,6 +9,7 @@ import { freemem } from 'node:os';
 import type { DockerRuntime } from '../docker/runtime.ts';
 import type { Capacity } from '../gen/sandboxfleet/v1/common.ts';
 import type { Inventory } from '../gen/sandboxfleet/v1/agent.ts';
+import { turnProcessesOf } from './exec-sessions.ts';
 import { layerPresent } from './group-ops.ts';
 import { toWireContainer } from './wire.ts';
 
@@ -39,8 +40,11 @@ export class HostHealth {
   }
 
   async inventory(): Promise<Inventory> {
+    // Turn processes first: one listed in a container the listing then shows restarted or stopped is
+    // judged against that newer container state (the control plane matches its container run).
+    const turnProcesses = turnProcessesOf(this.runtime);
     const containers = await this.runtime.listMembers();
-    return { containers: containers.map((c) => toWireContainer(c, layerPresent(c))), takenAtUnixMs: this.nowMs() };
+    return { containers: containers.map((c) => toWireContainer(c, layerPresent(c))), takenAtUnixMs: this.nowMs(), turnProcesses };
   }
 
   /** One check: inventory, capacity, data-root presence. Never throws. */

@@ -1,8 +1,9 @@
-// Turns through the fleet with the pinned Claude Code binary (R-I9, R-P1): the runner holds only the
-// gRPC address and its certificate — no Docker socket — and calls RunTurn; the fleet begins the turn,
-// runs `claude -p … --output-format stream-json --verbose [--resume]` in the member container (the
-// CLI profile points it at the loopback fake Messages API), detects the end from Claude's own
-// `result` event, and completes the turn. Checked against what the model API received: NEW, then
+// Turns through the fleet with the pinned Claude Code binary (R-I9, R-P1), one process per turn (the
+// CLI profile's keepProcess: false; kept processes and LIVE turns: claude-turn-process.test.ts): the
+// runner holds only the gRPC address and its certificate — no Docker socket — and calls RunTurn; the
+// fleet begins the turn, runs `claude -p … --output-format stream-json --verbose [--resume]` in the
+// member container (the CLI profile points it at the loopback fake Messages API), detects the end
+// from Claude's own `result` event, and completes the turn. Checked against what the model API received: NEW, then
 // RESTORED with the history once and in order, then RESTORED on another host after a migration with
 // the same session; and a repeated call with the same idempotency key answers the stored end
 // without running the CLI again.
@@ -18,7 +19,7 @@ let groupId = '';
 
 beforeAll(async () => {
   h = await startHistoryFleet({ bridgeVersion: 4, extraFiles: claudeCodeImageFiles(), tagSuffix: `claude-code-${CLAUDE_CODE_VERSION}` }, {
-    config: (apiUrl) => ({ cliProfiles: { claude_code: { binary: CLAUDE_PATH, env: claudeCodeEnv(apiUrl) } } }),
+    config: (apiUrl) => ({ cliProfiles: { claude_code: { binary: CLAUDE_PATH, env: claudeCodeEnv(apiUrl), keepProcess: false } } }),
   });
 }, 600_000);
 

@@ -1,7 +1,7 @@
 // Member context state and locator rules (R-S1..R-S3, R-S5, R-S6, R-S8), example by example.
 import { describe, expect, it } from 'vitest';
 import {
-  beginTurn, completeTurn, markMemberLost, newMemberSession, onContainerStopped, onProcessExited, onRestored, unwrap, parseLocator,
+  beginTurn, completeTurn, containerRunOf, isTurnProcess, markMemberLost, newMemberSession, onContainerStopped, onProcessExited, onRestored, turnProcessIn, unwrap, parseLocator,
   type BeginOutcome, type CompleteOutcome, type Locator, type MemberObservation, type MemberSession, type ProcessIdentity, type TurnEnd,
 } from '../../../src/core/index.ts';
 
@@ -89,6 +89,51 @@ describe('begin: context state (R-S1, R-S3)', () => {
     const again = beginTurn(b.member, { turnId: 't3' }, present(P1), 6);
     expect(!again.ok && again.error.reason).toBe('turn_in_flight');
     expect(began(beginTurn(b.member, { turnId: 't2' }, present(P1), 6))).toMatchObject({ contextState: 'LIVE', replayed: true, member: b.member });
+  });
+});
+
+describe('turn processes kept by the host agent (RunTurn, R-S1, R-S6)', () => {
+  /** P1's container run with the agent's turn process `p-a` in it. */
+  const T1 = turnProcessIn(P1, 'p-a');
+  const fleetRetained = (): MemberSession => {
+    const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1', fleetDriven: true }, present(P1), 0));
+    return completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: success, process: T1 })).member;
+  };
+  const listed = (...turnProcesses: ProcessIdentity[]): MemberObservation => ({ ...present(P1), turnProcesses });
+
+  it('names a process inside a container run', () => {
+    expect(T1).toEqual({ containerId: 'c1', incarnation: '1/p-a' });
+    expect([isTurnProcess(T1), isTurnProcess(P1)]).toEqual([true, false]);
+    expect(containerRunOf(T1)).toEqual(P1);
+    expect(fleetRetained().process).toEqual(T1);
+  });
+
+  it('LIVE for the fleet only while the agent lists that very process in the same container run', () => {
+    expect(began(beginTurn(fleetRetained(), { turnId: 't2', fleetDriven: true }, listed(T1), 5))).toMatchObject({ contextState: 'LIVE', startProcess: false, member: { inFlight: { process: T1 } } });
+    // Not listed (it died, or was started with another command): RESTORED, and its container run is
+    // restarted first, since the agent not listing it does not prove it exited.
+    for (const obs of [listed(), listed(turnProcessIn(P1, 'p-b')), present(P1)]) {
+      expect(began(beginTurn(fleetRetained(), { turnId: 't2', fleetDriven: true }, obs, 5))).toMatchObject({ contextState: 'RESTORED', startProcess: true, reclaimProcess: P1 });
+    }
+    // Listed, but the container restarted since: the process is gone with its run, nothing to reclaim.
+    const restarted = began(beginTurn(fleetRetained(), { turnId: 't2', fleetDriven: true }, { ...present(P2), turnProcesses: [T1] }, 5));
+    expect(restarted).toMatchObject({ contextState: 'RESTORED', startProcess: true });
+    expect(restarted.reclaimProcess).toBeUndefined();
+  });
+
+  it('a runner\'s own begin never reuses a turn process (it cannot reach it), and the fleet never reuses a runner\'s process', () => {
+    expect(began(beginTurn(fleetRetained(), { turnId: 't2' }, listed(T1), 5))).toMatchObject({ contextState: 'RESTORED', reclaimProcess: P1 });
+    expect(began(beginTurn(retained(), { turnId: 't2', fleetDriven: true }, listed(), 5))).toMatchObject({ contextState: 'RESTORED', reclaimProcess: P1 });
+    expect(began(beginTurn(retained(), { turnId: 't2' }, listed(), 5))).toMatchObject({ contextState: 'LIVE' });
+  });
+
+  it('a turn process whose exit was confirmed leaves nothing to reuse or reclaim', () => {
+    const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1', fleetDriven: true }, present(P1), 0));
+    const done = completed(completeTurn(b.member, { turnId: 't1', observedLocator: L1, end: { ...success, processExits: true, exitConfirmed: true }, process: T1 })).member;
+    expect([done.process, done.reclaim]).toEqual([undefined, undefined]);
+    const next = began(beginTurn(done, { turnId: 't2', fleetDriven: true }, listed(), 5));
+    expect(next).toMatchObject({ contextState: 'RESTORED', startProcess: true });
+    expect(next.reclaimProcess).toBeUndefined();
   });
 });
 

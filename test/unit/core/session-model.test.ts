@@ -1,6 +1,8 @@
 // Model-based test of the whole session/group core: random sequences of begin/complete turns (random
 // observed locators, failures, disconnects, timeouts), process exits, container loss, clean and
 // unclean stops, checkpoints, planned migrations and unplanned host losses with failing restores.
+// Turns are driven either by a runner (its own process; the fleet sees only the container run) or by
+// the fleet (RunTurn: a turn process the host agent keeps between turns, which may also die alone).
 // A small explicit model predicts every decision independently of src/core, and the safety
 // invariants of R-S1..R-S8, R-G2, R-G4, R-G6 and R-R1/R-R2 are checked after every step.
 import { describe, expect, it } from 'vitest';
@@ -21,10 +23,11 @@ const TARGET = { imageDigests: new Set([IMG]), bridgeVersion: 4 };
 
 // ---- actions -------------------------------------------------------------------------------
 type Action =
-  | { t: 'begin'; m: number; locator: 'none' | 'saved' | 'other' }
+  | { t: 'begin'; m: number; locator: 'none' | 'saved' | 'other'; fleet: boolean }
   | { t: 'complete'; m: number; observed: 'expected' | 'other' | 'none' | 'invalid'; end: 'success' | 'failKept' | 'failNoCleanup' | 'failNoTransport' | 'notEnded'; processExits: boolean; exitConfirmed: boolean }
   | { t: 'completeAgain'; m: number }
   | { t: 'processExit'; m: number }
+  | { t: 'turnProcessExit'; m: number }
   | { t: 'containerVanish'; m: number }
   | { t: 'stop'; killed: [boolean, boolean] }
   | { t: 'start' }
@@ -36,7 +39,7 @@ type Action =
 
 const member = fc.integer({ min: 0, max: MEMBERS.length - 1 });
 const action: fc.Arbitrary<Action> = fc.oneof(
-  { arbitrary: fc.record({ t: fc.constant('begin' as const), m: member, locator: fc.constantFrom('none' as const, 'none' as const, 'saved' as const, 'other' as const) }), weight: 6 },
+  { arbitrary: fc.record({ t: fc.constant('begin' as const), m: member, locator: fc.constantFrom('none' as const, 'none' as const, 'saved' as const, 'other' as const), fleet: fc.constantFrom(false, true, true) }), weight: 6 },
   {
     arbitrary: fc.record({
       t: fc.constant('complete' as const), m: member,
@@ -48,6 +51,7 @@ const action: fc.Arbitrary<Action> = fc.oneof(
   },
   { arbitrary: fc.record({ t: fc.constant('completeAgain' as const), m: member }), weight: 1 },
   { arbitrary: fc.record({ t: fc.constant('processExit' as const), m: member }), weight: 1 },
+  { arbitrary: fc.record({ t: fc.constant('turnProcessExit' as const), m: member }), weight: 1 },
   { arbitrary: fc.record({ t: fc.constant('containerVanish' as const), m: member }), weight: 1 },
   { arbitrary: fc.record({ t: fc.constant('stop' as const), killed: fc.tuple(fc.nat(3), fc.nat(3)).map(([a, b]) => [a === 0, b === 0] as [boolean, boolean]) }), weight: 3 },
   { arbitrary: fc.constant({ t: 'start' as const }), weight: 3 },
@@ -84,12 +88,17 @@ interface WorldMember {
   containerId: string;
   present: boolean;
   intact: boolean;
+  /** The container run (a runner's own process lives in it and is named by it). */
   running?: ProcessIdentity;
+  /** Turn processes the host agent keeps in that run (RunTurn), `<run>/<process id>`. */
+  procs: ProcessIdentity[];
   /** Incarnations that ran a turn on the member's native session. */
   turnProcs?: Set<string>;
 }
 
 const same = (a?: ProcessIdentity, b?: ProcessIdentity) => a !== undefined && b !== undefined && a.containerId === b.containerId && a.incarnation === b.incarnation;
+const isTurnProc = (p: ProcessIdentity) => p.incarnation.includes('/');
+const runOf = (p: ProcessIdentity): ProcessIdentity => ({ containerId: p.containerId, incarnation: p.incarnation.split('/')[0]! });
 const loc = (s: string): Locator => unwrap(parseLocator(s));
 /** Paths the random histories reached, so the property cannot pass vacuously. */
 const reached = new Map<string, number>();
@@ -112,7 +121,7 @@ function run(actions: Action[]): void {
   const newConversation = () => {
     group = createGroup(`h${hostN}`, now);
     sessions = MEMBERS.map((id, i) => newMemberSession(id, i === 0 ? 'claude_code' : 'codex'));
-    world = MEMBERS.map(() => ({ containerId: `c-${fresh()}`, present: true, intact: true }));
+    world = MEMBERS.map(() => ({ containerId: `c-${fresh()}`, present: true, intact: true, procs: [] }));
     model = { members: MEMBERS.map(() => ({ status: 'fresh', completed: 0 })), groupState: 'PENDING', activitySeq: 0 };
     checkpoint = undefined;
     firstSaved = MEMBERS.map(() => undefined);
@@ -131,7 +140,7 @@ function run(actions: Action[]): void {
     // Restored on a new host: new containers from the checkpoint, no processes.
     hostN++;
     for (let i = 0; i < MEMBERS.length; i++) {
-      world[i] = { containerId: `c-${fresh()}`, present: true, intact: true };
+      world[i] = { containerId: `c-${fresh()}`, present: true, intact: true, procs: [] };
       sessions[i] = onRestored(sessions[i]!);
       const mm = model.members[i]!;
       delete mm.live;
@@ -173,6 +182,7 @@ function run(actions: Action[]): void {
     for (let i = 0; i < MEMBERS.length; i++) {
       sessions[i] = onContainerStopped(sessions[i]!);
       delete world[i]!.running;
+      world[i]!.procs = [];
       const mm = model.members[i]!;
       delete mm.live;
       delete mm.reclaim;
@@ -229,7 +239,8 @@ function run(actions: Action[]): void {
         const request = a.locator === 'none' ? undefined : a.locator === 'saved' ? (mm.saved === undefined ? undefined : loc(mm.saved)) : loc(`other-${i}`);
         const turnId = `turn-${fresh()}`;
         const before = sessions[i]!;
-        const r = beginTurn(before, { turnId, locator: request }, { containerPresent: w.present, layerIntact: w.intact, runningProcess: w.running }, now);
+        // The agent lists its turn processes to a fleet-driven begin only (a runner cannot reach them).
+        const r = beginTurn(before, { turnId, locator: request, fleetDriven: a.fleet }, { containerPresent: w.present, layerIntact: w.intact, runningProcess: w.running, turnProcesses: a.fleet ? [...w.procs] : undefined }, now);
         sessions[i] = r.member;
 
         // Model prediction.
@@ -261,15 +272,23 @@ function run(actions: Action[]): void {
         }
         expect(r.ok).toBe(true);
         if (!r.ok) break;
+        // The last turn's process still runs and this driver can reach it: the agent's turn process in
+        // the running container run for the fleet, the container run itself for a runner's own process.
+        const live = mm.live;
+        const reusable = live !== undefined && (isTurnProc(live)
+          ? a.fleet && same(runOf(live), w.running) && w.procs.some((q) => same(q, live))
+          : !a.fleet && same(w.running, live));
+        const mayRun = (p?: ProcessIdentity) => p !== undefined && same(runOf(p), w.running);
         if (mm.status === 'fresh') {
           // NEW only before the first completed turn.
           expect(r.contextState).toBe('NEW');
           expect(mm.completed).toBe(0);
           expect(r.effectiveLocator).toBeUndefined();
-        } else if (same(w.running, mm.live)) {
+        } else if (reusable) {
           // LIVE only on the very process that ran the last turn and was left reusable.
           expect(r.contextState).toBe('LIVE');
           expect(r.startProcess).toBe(false);
+          if (isTurnProc(live)) hit('begin:LIVE:turn_process');
         } else {
           // RESTORED only after a new process on retained state with a saved locator.
           expect(r.contextState).toBe('RESTORED');
@@ -279,18 +298,32 @@ function run(actions: Action[]): void {
           // R-S6 safety, from the world alone: a process that ran a turn on this session and may still
           // run is ended before another one starts on it (never two processes on one session).
           if (w.running !== undefined && w.turnProcs?.has(w.running.incarnation) === true) expect(r.reclaimProcess).toEqual(w.running);
-          // The model: exactly the lingering process is reclaimed, nothing else (no needless restarts).
-          expect(r.reclaimProcess).toEqual(same(mm.reclaim, w.running) ? w.running : undefined);
-          if (r.reclaimProcess !== undefined) hit('begin:reclaim');
+          // A turn process that ran a turn and still runs: its container run is restarted, or (fleet)
+          // the agent's start of the member's new turn process ends it first.
+          for (const p of w.procs) if (w.turnProcs?.has(p.incarnation) === true && !a.fleet) expect(r.reclaimProcess).toEqual(w.running);
+          // The model: exactly a process that may linger is reclaimed, nothing else (no needless restarts).
+          expect(r.reclaimProcess).toEqual(mayRun(mm.reclaim) || mayRun(live) ? w.running : undefined);
+          if (r.reclaimProcess !== undefined) hit(live !== undefined && isTurnProc(live) ? 'begin:reclaim:turn_process' : 'begin:reclaim');
         }
         delete mm.reclaim;
         hit(`begin:${r.contextState}`);
         if (r.contextState !== 'NEW') expect(r.effectiveLocator).toBe(mm.saved);
-        // The world follows the host agent's instructions.
-        if (r.startProcess) w.running = { containerId: w.containerId, incarnation: fresh() };
+        // The world follows the host agent's instructions: a reclaim restarts the container run.
+        if (r.reclaimProcess !== undefined) { w.running = { containerId: w.containerId, incarnation: fresh() }; w.procs = []; }
+        let process: ProcessIdentity;
+        if (r.contextState === 'LIVE') process = live!;
+        else if (a.fleet) {
+          // RunTurn starts the member's turn process (the agent ends any older one of the member first).
+          if (w.running === undefined) w.running = { containerId: w.containerId, incarnation: fresh() };
+          process = { containerId: w.containerId, incarnation: `${w.running.incarnation}/p${fresh()}` };
+          w.procs = [process];
+        } else {
+          if (r.startProcess && r.reclaimProcess === undefined) { w.running = { containerId: w.containerId, incarnation: fresh() }; w.procs = []; }
+          process = w.running!;
+        }
         if (r.contextState === 'RESTORED') delete mm.live;
-        mm.inFlight = { turnId, ...(mm.saved !== undefined ? { expected: mm.saved } : {}), process: w.running! };
-        (w.turnProcs ??= new Set()).add(w.running!.incarnation);
+        mm.inFlight = { turnId, ...(mm.saved !== undefined ? { expected: mm.saved } : {}), process };
+        (w.turnProcs ??= new Set()).add(process.incarnation);
         break;
       }
 
@@ -322,7 +355,10 @@ function run(actions: Action[]): void {
         if (!r.ok) break;
         sessions[i] = r.member;
         if (group.state === 'RUNNING') { g({ type: 'turn_completed' }); model.activitySeq++; }
-        if (ended && a.processExits && a.exitConfirmed && same(w.running, process)) delete w.running;
+        if (ended && a.processExits && a.exitConfirmed) {
+          if (isTurnProc(process)) w.procs = w.procs.filter((q) => !same(q, process));
+          else if (same(w.running, process)) { delete w.running; w.procs = []; }
+        }
         delete mm.inFlight;
         delete mm.reclaim;
         mm.lastTurnId = turnId;
@@ -395,10 +431,19 @@ function run(actions: Action[]): void {
         if (!w.running) break;
         const p = w.running;
         delete w.running;
+        w.procs = [];
         sessions[a.m] = onProcessExited(sessions[a.m]!, p);
         const mm = model.members[a.m]!;
         if (same(mm.live, p)) delete mm.live;
         if (same(mm.reclaim, p)) delete mm.reclaim;
+        break;
+      }
+
+      case 'turnProcessExit': {
+        // A kept turn process dies by itself (crash, OOM): nobody tells the control plane; the agent
+        // just stops listing it.
+        const w = world[a.m]!;
+        w.procs = w.procs.slice(1);
         break;
       }
 
@@ -408,6 +453,7 @@ function run(actions: Action[]): void {
         w.present = false;
         w.intact = false;
         delete w.running;
+        w.procs = [];
         break;
       }
 
@@ -507,7 +553,7 @@ describe('session and group core, model-based', () => {
     if (process.env.DBG) console.log(JSON.stringify([...reached]));
     if (PROPERTY_RUNS >= 500) {
       const expected = [
-        'begin:NEW', 'begin:LIVE', 'begin:RESTORED', 'begin:reclaim', 'begin:LOST', 'migrated', 'hostLoss:restored', 'hostLoss:host_lost_running',
+        'begin:NEW', 'begin:LIVE', 'begin:LIVE:turn_process', 'begin:RESTORED', 'begin:reclaim', 'begin:reclaim:turn_process', 'begin:LOST', 'migrated', 'hostLoss:restored', 'hostLoss:host_lost_running',
         'hostLoss:unclean_stop', 'hostLoss:no_checkpoint', 'hostLoss:stale_checkpoint', 'hostLoss:checkpoint_corrupt', 'hostLoss:restore_failed',
         'complete:completed', 'complete:failed_kept', 'complete:unconfirmed', 'complete:locator_mismatch', 'complete:locator_missing', 'complete:failed_before_session',
       ];
@@ -517,19 +563,36 @@ describe('session and group core, model-based', () => {
 
   it('a stated regression history: success, api_retry exit, restore, mismatch, disconnect', () => {
     run([
-      { t: 'begin', m: 0, locator: 'none' },
+      { t: 'begin', m: 0, locator: 'none', fleet: false },
       { t: 'complete', m: 0, observed: 'expected', end: 'success', processExits: false, exitConfirmed: false },
-      { t: 'begin', m: 0, locator: 'saved' },
+      { t: 'begin', m: 0, locator: 'saved', fleet: false },
       { t: 'complete', m: 0, observed: 'expected', end: 'failKept', processExits: true, exitConfirmed: false },
-      { t: 'begin', m: 0, locator: 'none' },
+      { t: 'begin', m: 0, locator: 'none', fleet: false },
       { t: 'complete', m: 0, observed: 'other', end: 'success', processExits: false, exitConfirmed: false },
       { t: 'stop', killed: [false, false] },
       { t: 'checkpoint', corrupt: false, wrongImage: false },
       { t: 'hostLoss', restoreFailures: 1, stopFirst: 'no' },
       { t: 'start' },
-      { t: 'begin', m: 0, locator: 'saved' },
+      { t: 'begin', m: 0, locator: 'saved', fleet: false },
       { t: 'complete', m: 0, observed: 'expected', end: 'notEnded', processExits: true, exitConfirmed: false },
-      { t: 'begin', m: 0, locator: 'none' },
+      { t: 'begin', m: 0, locator: 'none', fleet: false },
+    ]);
+  });
+
+  it('a stated history of fleet-driven turns: LIVE on the kept turn process, a runner cannot reuse it, a dead one is RESTORED', () => {
+    run([
+      { t: 'begin', m: 0, locator: 'none', fleet: true },
+      { t: 'complete', m: 0, observed: 'expected', end: 'success', processExits: false, exitConfirmed: false },
+      { t: 'begin', m: 0, locator: 'none', fleet: true },
+      { t: 'complete', m: 0, observed: 'expected', end: 'success', processExits: false, exitConfirmed: false },
+      { t: 'begin', m: 0, locator: 'none', fleet: false },
+      { t: 'complete', m: 0, observed: 'expected', end: 'success', processExits: false, exitConfirmed: false },
+      { t: 'begin', m: 0, locator: 'none', fleet: true },
+      { t: 'complete', m: 0, observed: 'expected', end: 'success', processExits: false, exitConfirmed: false },
+      { t: 'turnProcessExit', m: 0 },
+      { t: 'begin', m: 0, locator: 'none', fleet: true },
+      { t: 'complete', m: 0, observed: 'expected', end: 'success', processExits: true, exitConfirmed: true },
+      { t: 'begin', m: 0, locator: 'none', fleet: true },
     ]);
   });
 });

@@ -152,6 +152,55 @@ export function containerStateToJSON(object: ContainerState): string {
   }
 }
 
+export enum TurnProcessMode {
+  UNSPECIFIED = 0,
+  /**
+   * START - Start `argv` (with stdin) as the member's turn process. An idle turn process the member already
+   * has is ended first (SIGTERM, SIGKILL after the grace; the start waits for its exit), so two never
+   * run on one native session; one a turn is streaming on refuses the start (state_changed).
+   */
+  START = 1,
+  /**
+   * ATTACH - Attach this exec to the member's idle turn process `process_id` in its running container (argv is
+   * not used). Refused state_changed if that process is not running, not idle, or in another
+   * container run.
+   */
+  ATTACH = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function turnProcessModeFromJSON(object: any): TurnProcessMode {
+  switch (object) {
+    case 0:
+    case "TURN_PROCESS_MODE_UNSPECIFIED":
+      return TurnProcessMode.UNSPECIFIED;
+    case 1:
+    case "TURN_PROCESS_MODE_START":
+      return TurnProcessMode.START;
+    case 2:
+    case "TURN_PROCESS_MODE_ATTACH":
+      return TurnProcessMode.ATTACH;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return TurnProcessMode.UNRECOGNIZED;
+  }
+}
+
+export function turnProcessModeToJSON(object: TurnProcessMode): string {
+  switch (object) {
+    case TurnProcessMode.UNSPECIFIED:
+      return "TURN_PROCESS_MODE_UNSPECIFIED";
+    case TurnProcessMode.START:
+      return "TURN_PROCESS_MODE_START";
+    case TurnProcessMode.ATTACH:
+      return "TURN_PROCESS_MODE_ATTACH";
+    case TurnProcessMode.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 export enum CommandOutcome {
   UNSPECIFIED = 0,
   /** OK - Done; the matching result field is set. */
@@ -340,6 +389,28 @@ export interface ContainerInfo {
 export interface Inventory {
   containers: ContainerInfo[];
   takenAtUnixMs: number;
+  /**
+   * The CLI processes the agent keeps running between turns (RunTurn, R-I9, R-S1), one per member at
+   * most, while they run. The control plane reuses one (LIVE) only if it is listed here, idle, in the
+   * member's running container with the same start time, started with the same command.
+   */
+  turnProcesses: TurnProcessInfo[];
+}
+
+/** A member's CLI process kept between turns (see ExecStartCommand.turn_process). */
+export interface TurnProcessInfo {
+  groupId: string;
+  memberId: string;
+  containerId: string;
+  /** The start time of the container run it lives in: `<this>/<process_id>` is its R-S1 identity. */
+  containerStartedAtUnixMs: number;
+  /** The agent's id for it, [a-z0-9-]{1,32}. */
+  processId: string;
+  /** TurnProcessSpec.command_digest of the turn that started it. */
+  commandDigest: string;
+  /** A turn is streaming on it now; false = idle between turns. */
+  attached: boolean;
+  startedAtUnixMs: number;
 }
 
 /**
@@ -558,6 +629,30 @@ export interface ExecStartCommand {
   /** Cancel the process when the control plane has been silent this long (it sends keepalives). */
   idleTimeoutMs: number;
   cancelGraceMs: number;
+  /**
+   * RunTurn only: the member's CLI process kept between turns. Absent: a plain exec that ends with
+   * its process.
+   */
+  turnProcess?: TurnProcessSpec | undefined;
+}
+
+/**
+ * How an exec uses the member's turn process (R-I9, R-S1). The exec's stdin, output, credits and
+ * cancel are the process's for the turn; cancel, the deadline, the output limit and a silent control
+ * plane end the process (the turn is not confirmed). ExecControlFrame.detach ends the exec with
+ * EXEC_END_DETACHED and keeps the process for the next turn; output it writes between turns is
+ * discarded. The process ends with its container (stop, restart, reclaim, migration away), on a
+ * fenced epoch and when the agent stops.
+ */
+export interface TurnProcessSpec {
+  mode: TurnProcessMode;
+  /** ATTACH: the process to attach to (ExecStartResult.process_id of the turn that started it). */
+  processId: string;
+  /**
+   * START: the control plane's digest of the command (without the resumed locator), listed in the
+   * inventory so a later turn reuses only a process started the same way. [A-Za-z0-9_-]{1,128}.
+   */
+  commandDigest: string;
 }
 
 export interface ExecStartResult {
@@ -565,6 +660,8 @@ export interface ExecStartResult {
   containerId: string;
   /** The container's start time: with its id, the incarnation the process runs in. */
   startedAtUnixMs: number;
+  /** With turn_process: the turn process's id (its R-S1 identity is `<started_at_unix_ms>/<process_id>`). */
+  processId: string;
 }
 
 /** Agent → control plane, on AgentSubjects.execOut(host, exec_id). */
@@ -593,6 +690,9 @@ export interface ExecControlFrame {
     | //
     /** Nothing else to say: the control plane is still there. */
     { $case: "keepalive"; value: boolean }
+    | //
+    /** Turn processes only: the turn is over; end this exec (EXEC_END_DETACHED) and keep the process. */
+    { $case: "detach"; value: boolean }
     | undefined;
 }
 
@@ -2125,7 +2225,7 @@ export const ContainerInfo: MessageFns<ContainerInfo> = {
 };
 
 function createBaseInventory(): Inventory {
-  return { containers: [], takenAtUnixMs: 0 };
+  return { containers: [], takenAtUnixMs: 0, turnProcesses: [] };
 }
 
 export const Inventory: MessageFns<Inventory> = {
@@ -2135,6 +2235,9 @@ export const Inventory: MessageFns<Inventory> = {
     }
     if (message.takenAtUnixMs !== 0) {
       writer.uint32(16).int64(message.takenAtUnixMs);
+    }
+    for (const v of message.turnProcesses) {
+      TurnProcessInfo.encode(v!, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -2168,6 +2271,14 @@ export const Inventory: MessageFns<Inventory> = {
             message.takenAtUnixMs = longToNumber(reader.int64());
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.turnProcesses.push(TurnProcessInfo.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2190,6 +2301,11 @@ export const Inventory: MessageFns<Inventory> = {
         : isSet(object.taken_at_unix_ms)
         ? globalThis.Number(object.taken_at_unix_ms)
         : 0,
+      turnProcesses: globalThis.Array.isArray(object?.turnProcesses)
+        ? object.turnProcesses.map((e: any) => TurnProcessInfo.fromJSON(e))
+        : globalThis.Array.isArray(object?.turn_processes)
+        ? object.turn_processes.map((e: any) => TurnProcessInfo.fromJSON(e))
+        : [],
     };
   },
 
@@ -2201,6 +2317,9 @@ export const Inventory: MessageFns<Inventory> = {
     if (message.takenAtUnixMs !== 0) {
       obj.takenAtUnixMs = Math.round(message.takenAtUnixMs);
     }
+    if (message.turnProcesses?.length) {
+      obj.turnProcesses = message.turnProcesses.map((e) => TurnProcessInfo.toJSON(e));
+    }
     return obj;
   },
 
@@ -2211,6 +2330,225 @@ export const Inventory: MessageFns<Inventory> = {
     const message = createBaseInventory();
     message.containers = object.containers?.map((e) => ContainerInfo.fromPartial(e)) || [];
     message.takenAtUnixMs = object.takenAtUnixMs ?? 0;
+    message.turnProcesses = object.turnProcesses?.map((e) => TurnProcessInfo.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseTurnProcessInfo(): TurnProcessInfo {
+  return {
+    groupId: "",
+    memberId: "",
+    containerId: "",
+    containerStartedAtUnixMs: 0,
+    processId: "",
+    commandDigest: "",
+    attached: false,
+    startedAtUnixMs: 0,
+  };
+}
+
+export const TurnProcessInfo: MessageFns<TurnProcessInfo> = {
+  encode(message: TurnProcessInfo, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.groupId !== "") {
+      writer.uint32(10).string(message.groupId);
+    }
+    if (message.memberId !== "") {
+      writer.uint32(18).string(message.memberId);
+    }
+    if (message.containerId !== "") {
+      writer.uint32(26).string(message.containerId);
+    }
+    if (message.containerStartedAtUnixMs !== 0) {
+      writer.uint32(32).int64(message.containerStartedAtUnixMs);
+    }
+    if (message.processId !== "") {
+      writer.uint32(42).string(message.processId);
+    }
+    if (message.commandDigest !== "") {
+      writer.uint32(50).string(message.commandDigest);
+    }
+    if (message.attached !== false) {
+      writer.uint32(56).bool(message.attached);
+    }
+    if (message.startedAtUnixMs !== 0) {
+      writer.uint32(64).int64(message.startedAtUnixMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TurnProcessInfo {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTurnProcessInfo();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.memberId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.containerId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.containerStartedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.processId = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.commandDigest = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.attached = reader.bool();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.startedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TurnProcessInfo {
+    return {
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+      memberId: isSet(object.memberId)
+        ? globalThis.String(object.memberId)
+        : isSet(object.member_id)
+        ? globalThis.String(object.member_id)
+        : "",
+      containerId: isSet(object.containerId)
+        ? globalThis.String(object.containerId)
+        : isSet(object.container_id)
+        ? globalThis.String(object.container_id)
+        : "",
+      containerStartedAtUnixMs: isSet(object.containerStartedAtUnixMs)
+        ? globalThis.Number(object.containerStartedAtUnixMs)
+        : isSet(object.container_started_at_unix_ms)
+        ? globalThis.Number(object.container_started_at_unix_ms)
+        : 0,
+      processId: isSet(object.processId)
+        ? globalThis.String(object.processId)
+        : isSet(object.process_id)
+        ? globalThis.String(object.process_id)
+        : "",
+      commandDigest: isSet(object.commandDigest)
+        ? globalThis.String(object.commandDigest)
+        : isSet(object.command_digest)
+        ? globalThis.String(object.command_digest)
+        : "",
+      attached: isSet(object.attached) ? globalThis.Boolean(object.attached) : false,
+      startedAtUnixMs: isSet(object.startedAtUnixMs)
+        ? globalThis.Number(object.startedAtUnixMs)
+        : isSet(object.started_at_unix_ms)
+        ? globalThis.Number(object.started_at_unix_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: TurnProcessInfo): unknown {
+    const obj: any = {};
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
+    if (message.memberId !== "") {
+      obj.memberId = message.memberId;
+    }
+    if (message.containerId !== "") {
+      obj.containerId = message.containerId;
+    }
+    if (message.containerStartedAtUnixMs !== 0) {
+      obj.containerStartedAtUnixMs = Math.round(message.containerStartedAtUnixMs);
+    }
+    if (message.processId !== "") {
+      obj.processId = message.processId;
+    }
+    if (message.commandDigest !== "") {
+      obj.commandDigest = message.commandDigest;
+    }
+    if (message.attached !== false) {
+      obj.attached = message.attached;
+    }
+    if (message.startedAtUnixMs !== 0) {
+      obj.startedAtUnixMs = Math.round(message.startedAtUnixMs);
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<TurnProcessInfo>): TurnProcessInfo {
+    return TurnProcessInfo.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<TurnProcessInfo>): TurnProcessInfo {
+    const message = createBaseTurnProcessInfo();
+    message.groupId = object.groupId ?? "";
+    message.memberId = object.memberId ?? "";
+    message.containerId = object.containerId ?? "";
+    message.containerStartedAtUnixMs = object.containerStartedAtUnixMs ?? 0;
+    message.processId = object.processId ?? "";
+    message.commandDigest = object.commandDigest ?? "";
+    message.attached = object.attached ?? false;
+    message.startedAtUnixMs = object.startedAtUnixMs ?? 0;
     return message;
   },
 };
@@ -4484,6 +4822,7 @@ function createBaseExecStartCommand(): ExecStartCommand {
     outputWindowBytes: 0,
     idleTimeoutMs: 0,
     cancelGraceMs: 0,
+    turnProcess: undefined,
   };
 }
 
@@ -4521,6 +4860,9 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
     }
     if (message.cancelGraceMs !== 0) {
       writer.uint32(88).int32(message.cancelGraceMs);
+    }
+    if (message.turnProcess !== undefined) {
+      TurnProcessSpec.encode(message.turnProcess, writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -4626,6 +4968,14 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
             message.cancelGraceMs = reader.int32();
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.turnProcess = TurnProcessSpec.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4685,6 +5035,11 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
         : isSet(object.cancel_grace_ms)
         ? globalThis.Number(object.cancel_grace_ms)
         : 0,
+      turnProcess: isSet(object.turnProcess)
+        ? TurnProcessSpec.fromJSON(object.turnProcess)
+        : isSet(object.turn_process)
+        ? TurnProcessSpec.fromJSON(object.turn_process)
+        : undefined,
     };
   },
 
@@ -4723,6 +5078,9 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
     if (message.cancelGraceMs !== 0) {
       obj.cancelGraceMs = Math.round(message.cancelGraceMs);
     }
+    if (message.turnProcess !== undefined) {
+      obj.turnProcess = TurnProcessSpec.toJSON(message.turnProcess);
+    }
     return obj;
   },
 
@@ -4742,12 +5100,124 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
     message.outputWindowBytes = object.outputWindowBytes ?? 0;
     message.idleTimeoutMs = object.idleTimeoutMs ?? 0;
     message.cancelGraceMs = object.cancelGraceMs ?? 0;
+    message.turnProcess = (object.turnProcess !== undefined && object.turnProcess !== null)
+      ? TurnProcessSpec.fromPartial(object.turnProcess)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseTurnProcessSpec(): TurnProcessSpec {
+  return { mode: 0, processId: "", commandDigest: "" };
+}
+
+export const TurnProcessSpec: MessageFns<TurnProcessSpec> = {
+  encode(message: TurnProcessSpec, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.mode !== 0) {
+      writer.uint32(8).int32(message.mode);
+    }
+    if (message.processId !== "") {
+      writer.uint32(18).string(message.processId);
+    }
+    if (message.commandDigest !== "") {
+      writer.uint32(26).string(message.commandDigest);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TurnProcessSpec {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTurnProcessSpec();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.mode = reader.int32() as any;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.processId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.commandDigest = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TurnProcessSpec {
+    return {
+      mode: isSet(object.mode) ? turnProcessModeFromJSON(object.mode) : 0,
+      processId: isSet(object.processId)
+        ? globalThis.String(object.processId)
+        : isSet(object.process_id)
+        ? globalThis.String(object.process_id)
+        : "",
+      commandDigest: isSet(object.commandDigest)
+        ? globalThis.String(object.commandDigest)
+        : isSet(object.command_digest)
+        ? globalThis.String(object.command_digest)
+        : "",
+    };
+  },
+
+  toJSON(message: TurnProcessSpec): unknown {
+    const obj: any = {};
+    if (message.mode !== 0) {
+      obj.mode = turnProcessModeToJSON(message.mode);
+    }
+    if (message.processId !== "") {
+      obj.processId = message.processId;
+    }
+    if (message.commandDigest !== "") {
+      obj.commandDigest = message.commandDigest;
+    }
+    return obj;
+  },
+
+  create(base?: DeepPartial<TurnProcessSpec>): TurnProcessSpec {
+    return TurnProcessSpec.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<TurnProcessSpec>): TurnProcessSpec {
+    const message = createBaseTurnProcessSpec();
+    message.mode = object.mode ?? 0;
+    message.processId = object.processId ?? "";
+    message.commandDigest = object.commandDigest ?? "";
     return message;
   },
 };
 
 function createBaseExecStartResult(): ExecStartResult {
-  return { execId: "", containerId: "", startedAtUnixMs: 0 };
+  return { execId: "", containerId: "", startedAtUnixMs: 0, processId: "" };
 }
 
 export const ExecStartResult: MessageFns<ExecStartResult> = {
@@ -4760,6 +5230,9 @@ export const ExecStartResult: MessageFns<ExecStartResult> = {
     }
     if (message.startedAtUnixMs !== 0) {
       writer.uint32(24).int64(message.startedAtUnixMs);
+    }
+    if (message.processId !== "") {
+      writer.uint32(34).string(message.processId);
     }
     return writer;
   },
@@ -4801,6 +5274,14 @@ export const ExecStartResult: MessageFns<ExecStartResult> = {
             message.startedAtUnixMs = longToNumber(reader.int64());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.processId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4830,6 +5311,11 @@ export const ExecStartResult: MessageFns<ExecStartResult> = {
         : isSet(object.started_at_unix_ms)
         ? globalThis.Number(object.started_at_unix_ms)
         : 0,
+      processId: isSet(object.processId)
+        ? globalThis.String(object.processId)
+        : isSet(object.process_id)
+        ? globalThis.String(object.process_id)
+        : "",
     };
   },
 
@@ -4844,6 +5330,9 @@ export const ExecStartResult: MessageFns<ExecStartResult> = {
     if (message.startedAtUnixMs !== 0) {
       obj.startedAtUnixMs = Math.round(message.startedAtUnixMs);
     }
+    if (message.processId !== "") {
+      obj.processId = message.processId;
+    }
     return obj;
   },
 
@@ -4855,6 +5344,7 @@ export const ExecStartResult: MessageFns<ExecStartResult> = {
     message.execId = object.execId ?? "";
     message.containerId = object.containerId ?? "";
     message.startedAtUnixMs = object.startedAtUnixMs ?? 0;
+    message.processId = object.processId ?? "";
     return message;
   },
 };
@@ -5068,6 +5558,9 @@ export const ExecControlFrame: MessageFns<ExecControlFrame> = {
       case "keepalive":
         writer.uint32(56).bool(message.frame.value);
         break;
+      case "detach":
+        writer.uint32(64).bool(message.frame.value);
+        break;
     }
     return writer;
   },
@@ -5141,6 +5634,14 @@ export const ExecControlFrame: MessageFns<ExecControlFrame> = {
             message.frame = { $case: "keepalive", value: reader.bool() };
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.frame = { $case: "detach", value: reader.bool() };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5175,6 +5676,8 @@ export const ExecControlFrame: MessageFns<ExecControlFrame> = {
         ? { $case: "cancel", value: ExecCancel.fromJSON(object.cancel) }
         : isSet(object.keepalive)
         ? { $case: "keepalive", value: globalThis.Boolean(object.keepalive) }
+        : isSet(object.detach)
+        ? { $case: "detach", value: globalThis.Boolean(object.detach) }
         : undefined,
     };
   },
@@ -5197,6 +5700,8 @@ export const ExecControlFrame: MessageFns<ExecControlFrame> = {
       obj.cancel = ExecCancel.toJSON(message.frame.value);
     } else if (message.frame?.$case === "keepalive") {
       obj.keepalive = message.frame.value;
+    } else if (message.frame?.$case === "detach") {
+      obj.detach = message.frame.value;
     }
     return obj;
   },
@@ -5236,6 +5741,12 @@ export const ExecControlFrame: MessageFns<ExecControlFrame> = {
       case "keepalive": {
         if (object.frame?.value !== undefined && object.frame?.value !== null) {
           message.frame = { $case: "keepalive", value: object.frame.value };
+        }
+        break;
+      }
+      case "detach": {
+        if (object.frame?.value !== undefined && object.frame?.value !== null) {
+          message.frame = { $case: "detach", value: object.frame.value };
         }
         break;
       }

@@ -25,9 +25,17 @@ export const protobufFileName = "sandboxfleet/v1/exec.proto";
  *
  * RunTurn (RunnerService.RunTurn, server stream): BeginTurn, the CLI's own command built by the
  * fleet from a typed request, the same turn-end detectors as the runner SDK run server-side, and
- * CompleteTurn with that evidence. The runner gets the CLI's events as they come. A client that
- * goes away is not a turn end (R-S5): the process is cancelled, the turn is completed as
- * not ended (unconfirmed), and the slot reclaim of R-S6 applies before the member's next start.
+ * CompleteTurn with that evidence. The runner gets the CLI's events as they come.
+ * Claude Code and Pi are kept running between turns (a turn process the host agent holds: Claude
+ * `--input-format stream-json`, Pi `--mode rpc`): the next turn writes to the same process and is
+ * LIVE; a stop, restart, reclaim, migration or fenced host ends the process, so the turn after it is
+ * RESTORED (a new process resuming the saved locator). The model is fixed per process: a turn
+ * naming another model (or after the operator changed the CLI profile) starts a new one, RESTORED.
+ * Cancelling the call is not a turn end (R-S5): the fleet's turn goes on to the CLI's own end (or
+ * the request's timeout_ms) and is completed with what the CLI said; the CLI's events are no longer
+ * sent. Repeat the call with the same idempotency key to get that end. A host fenced mid-turn ends
+ * the call UNAVAILABLE host_fenced; the turn is completed as not ended (the next BeginTurn reports
+ * LOST, R-S5).
  */
 
 export enum ExecStream {
@@ -79,6 +87,11 @@ export enum ExecEnd {
   DEADLINE = 3,
   /** OUTPUT_LIMIT - output_limit_bytes was reached: the output is cut there. */
   OUTPUT_LIMIT = 4,
+  /**
+   * DETACHED - RunTurn only: the turn ended and the CLI process was kept running for the next turn; it did not
+   * exit (exit_code is 0 and means nothing).
+   */
+  DETACHED = 5,
   UNRECOGNIZED = -1,
 }
 
@@ -99,6 +112,9 @@ export function execEndFromJSON(object: any): ExecEnd {
     case 4:
     case "EXEC_END_OUTPUT_LIMIT":
       return ExecEnd.OUTPUT_LIMIT;
+    case 5:
+    case "EXEC_END_DETACHED":
+      return ExecEnd.DETACHED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -118,6 +134,8 @@ export function execEndToJSON(object: ExecEnd): string {
       return "EXEC_END_DEADLINE";
     case ExecEnd.OUTPUT_LIMIT:
       return "EXEC_END_OUTPUT_LIMIT";
+    case ExecEnd.DETACHED:
+      return "EXEC_END_DETACHED";
     case ExecEnd.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
