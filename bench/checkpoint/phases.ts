@@ -1,7 +1,9 @@
-// Where the checkpoint time goes (issue "Host agent", Benchmark): each stage of capture+store and
+// Where the checkpoint time goes (issues "Host agent" and #17): each stage of capture+store and
 // fetch+restore measured alone on a 200 MiB directory (150 MiB incompressible + 50 MiB JSONL) with a
-// real nats-server (fsync always), no dockerd needed. Complements run.ts, which measures the whole
-// path against docker; this one explains it. Prints JSON; medians of N rounds.
+// real nats-server (fsync always), no dockerd needed: the walk, tar+parse+OCI rewrite, + FastCDC,
+// + chunk hashes, the store on this thread or the publish worker (what the agent does), fetch+verify
+// alone, and both restore passes. Complements run.ts, which measures the whole path against docker;
+// this one explains it. Prints JSON; medians of N rounds.
 //
 //   node --import tsx bench/checkpoint/phases.ts [--rounds 3] [--mib 200] [--inflight 16]
 import { spawn, spawnSync } from 'node:child_process';
@@ -17,7 +19,8 @@ import { captureLayer } from '../../src/host-agent/layer/capture.ts';
 import { FastCdcChunker } from '../../src/host-agent/layer/fastcdc.ts';
 import { fetchLayer, storeLayer } from '../../src/host-agent/layer/layer-transfer.ts';
 import { restoreLayer } from '../../src/host-agent/layer/restore.ts';
-import { digestOff } from '../../src/host-agent/layer/sha256-pool.ts';
+import { walkUpperDir } from '../../src/host-agent/layer/walk.ts';
+import { fetchChunksInWorker } from '../../src/store/chunk-fetch-worker.ts';
 import { startTestNats } from '../../test/support/nats.ts';
 
 const { values } = parseArgs({ options: { rounds: { type: 'string', default: '3' }, mib: { type: 'string', default: '200' }, inflight: { type: 'string', default: '16' } } });
@@ -72,44 +75,41 @@ async function main(): Promise<void> {
     for (let r = 0; r < rounds; r++) {
       add('tar_c_devnull', sh(`tar --format=posix --xattrs --numeric-owner --sort=name -C ${upper} -cf - . >/dev/null`));
       add('tar_c_openssl', sh(`tar --xattrs --numeric-owner -C ${upper} -cf - . | openssl dgst -sha256 >/dev/null`));
-      // capture stream only: tar + parse + OCI rewrite + whole-layer hash
-      add('capture_only_no_hash', await timed(async () => {
-        const c = captureLayer(upper, { hashLayer: false });
-        for await (const _ of c.stream) void _;
-        await c.done;
+      add('walk_only', await timed(() => walkUpperDir(upper, 1_000_000)));
+      // capture stream only: walk + tar + parse + OCI rewrite
+      add('capture_only', await timed(async () => {
+        for await (const _ of captureLayer(upper)) void _;
       }));
       // + FastCDC
-      add('capture_cdc_no_hash', await timed(async () => {
-        const c = captureLayer(upper, { hashLayer: false });
+      add('capture_cdc', await timed(async () => {
         const ch = new FastCdcChunker();
-        for await (const p of c.stream) ch.push(p);
+        for await (const p of captureLayer(upper)) ch.push(p);
         ch.finish();
-        await c.done;
       }));
-      // + chunk hashes and whole-layer hash, all on the main thread
+      // + chunk hashes, all on the main thread
       add('capture_cdc_hash_main', await timed(async () => {
-        const c = captureLayer(upper);
         const ch = new FastCdcChunker();
-        for await (const p of c.stream) for (const x of ch.push(p)) createHash('sha256').update(x).digest();
+        for await (const p of captureLayer(upper)) for (const x of ch.push(p)) createHash('sha256').update(x).digest();
         ch.finish();
-        await c.done;
       }));
       for (const n of inflights) {
-        for (const offThreadHash of [false, true]) {
-          const tag = `${n}_${offThreadHash ? 'worker' : 'main'}`;
+        for (const viaWorker of [false, true]) {
+          const tag = `${n}_${viaWorker ? 'worker' : 'main'}`;
           const store = await ChunkStore.open(nc, { chunkStream: `PH_C_${r}_${tag}`, manifestStream: `PH_M_${r}_${tag}` });
+          const connection = { servers: nats.server.url };
           let layer!: Awaited<ReturnType<typeof storeLayer>>;
-          add(`store_${tag}`, await timed(async () => (layer = await storeLayer(upper, store, { maxInFlight: n, offThreadHash }))));
+          add(`store_${tag}`, await timed(async () => (layer = await storeLayer(upper, store, { maxInFlight: n, ...(viaWorker ? { publishWorker: connection } : {}) }))));
           add(`fetch_verify_only_${tag}`, await timed(async () => {
-            for await (const _ of store.read(layer.layer.chunks, n, offThreadHash ? { digest: digestOff, shared: true } : {})) void _;
+            if (viaWorker) for await (const _ of fetchChunksInWorker(layer.layer.chunks, { ...connection, stream: store.chunkStream, maxInFlight: n })) void _;
+            else for await (const _ of store.read(layer.layer.chunks, n)) void _;
           }));
           const t2 = join(work, `t-fetch-${r}-${tag}`);
-          add(`fetch_restore_${tag}`, await timed(() => fetchLayer(layer.layer, store, t2, { maxInFlight: n, offThreadHash })));
-          if (n === inflights[0] && offThreadHash) {
+          add(`fetch_restore_${tag}`, await timed(() => fetchLayer(layer.layer, store, t2, { maxInFlight: n, ...(viaWorker ? { fetchWorker: connection } : {}) })));
+          if (n === inflights[0] && viaWorker) {
             const chunks: Buffer[] = [];
             for await (const c of store.read(layer.layer.chunks, n)) chunks.push(c);
             const t1 = join(work, `t-mem-${r}`);
-            add('restore_from_memory_main_hash', await timed(() => restoreLayer(chunks, layer.layer, t1)));
+            add('restore_from_memory', await timed(() => restoreLayer(chunks, { ...layer.layer, digestOf: 'chunk-list' }, t1)));
             const file = join(work, 'layer.tar');
             await writeFile(file, Buffer.concat(chunks));
             const t3 = join(work, `t-tar-${r}`);

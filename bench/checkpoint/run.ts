@@ -1,28 +1,38 @@
-// Checkpoint benchmark (issue "Host agent"): one 200 MiB writable layer (150 MiB incompressible +
-// 50 MiB JSONL text) in a real container on a real dockerd, measured in the same run against
+// Checkpoint benchmark (issues "Host agent" and #17): writable layers of 200 MiB and 1 GiB (3/4
+// incompressible 10 MiB files + 1/4 one JSONL session file) in real containers on real dockerds,
+// measured in the same run against
 //   - the peers: `docker commit` + `docker save` (capture), `docker load` + `docker create` (restore),
-//   - the raw limit: GNU tar of the upper dir piped to `openssl dgst -sha256`,
-// plus an incremental checkpoint after appending 1 MiB of JSONL. Medians of N rounds; ratios are
-// what to read (this machine is noisy). Where the time goes is measured in the same rounds (each
-// stage alone, and the CPU this process and nats-server used), never assumed. Writes
-// bench/results/checkpoint.json (a --smoke run: 1 round of 8 MiB, written to --out or a temp dir;
-// see bench/common.ts).
+//   - the raw limit: GNU tar of the upper dir piped to `openssl dgst -sha256`.
+// Ours, as the agent does it: full capture into an empty chunk stream (publish worker thread); the
+// restore on another host in the agent's order (validation pass fetching into an empty per-host
+// chunk cache, then `docker create`, then extraction from the cache), and again with the cache warm
+// (a group returning to a host it left); incremental checkpoints after a 1 MiB append to the session
+// file and after a 10 MiB change scattered over ten files (in place), each from the previous
+// capture's index. Manifests of schema version 2 (the chunk-list digest that lets a checkpoint reuse
+// chunks unread); a version-1 full capture (whole-tar digest, what the agent writes until the control
+// plane accepts version 2) is measured beside it at the first size. Medians of N rounds; ratios
+// are what to read (this machine is shared and noisy: load averages recorded). CPU of this process
+// and of nats-server is measured during our captures and restores. The first size's figures are the
+// top-level ones (named as before); `sizes` holds both, `slope` how each cost grows per GiB.
+// Writes bench/results/checkpoint.json (a --smoke run: 1 round of 8 and 16 MiB, to --out or a temp
+// dir; see bench/common.ts).
 //
-//   node --import tsx bench/checkpoint/run.ts [--rounds 3] [--mib 200] [--smoke] [--out DIR]
+//   node --import tsx bench/checkpoint/run.ts [--rounds 3] [--mib 200,1024] [--smoke] [--out DIR]
 import { spawnSync } from 'node:child_process';
-import { createWriteStream } from 'node:fs';
-import { appendFile, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createReadStream, createWriteStream } from 'node:fs';
+import { appendFile, mkdir, open, readFile, rm, writeFile } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { parseArgs } from 'node:util';
 import type Docker from 'dockerode';
-import { jetstreamManager } from '@nats-io/jetstream';
+import { jetstreamManager, type JetStreamManager } from '@nats-io/jetstream';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { captureLayer } from '../../src/host-agent/layer/capture.ts';
+import { ChunkCache } from '../../src/host-agent/layer/chunk-cache.ts';
 import { FastCdcChunker } from '../../src/host-agent/layer/fastcdc.ts';
-import { fetchLayer, storeLayer } from '../../src/host-agent/layer/layer-transfer.ts';
+import { extractVerifiedLayer, storeLayer, verifyLayer, type StoredLayer } from '../../src/host-agent/layer/layer-transfer.ts';
 import { startDockerHosts, destroyAll, type DockerHost } from '../../test/support/docker.ts';
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
 import { startTestNats, type TestNats } from '../../test/support/nats.ts';
@@ -31,12 +41,10 @@ import { BENCH_OPTIONS, startBench, writeResult } from '../common.ts';
 const { values } = parseArgs({ options: { rounds: { type: 'string' }, mib: { type: 'string' }, ...BENCH_OPTIONS } });
 const run = startBench('checkpoint', values);
 const rounds = Number(values.rounds ?? (run.smoke ? 1 : 3));
-const totalMiB = Number(values.mib ?? (run.smoke ? 8 : 200));
-const randomMiB = Math.round((totalMiB * 3) / 4);
-const jsonlMiB = totalMiB - randomMiB;
+const sizesMiB = (values.mib ?? (run.smoke ? '8,16' : '200,1024')).split(',').map(Number);
 const MiB = 1024 * 1024;
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? Number.NaN;
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? Number.NaN;
 async function timed<T>(fn: () => Promise<T>): Promise<[number, T]> {
   const t0 = process.hrtime.bigint();
   const out = await fn();
@@ -70,24 +78,60 @@ async function upperDirOf(container: Docker.Container): Promise<string> {
   return upper;
 }
 
-/** 150 MiB incompressible + 50 MiB JSONL with a Claude-Code-like layout, written as the container's writable layer. */
-async function fillLayer(upper: string): Promise<string> {
+/** 3/4 incompressible 10 MiB files + 1/4 one JSONL file with a Claude-Code-like layout, written as the container's writable layer. */
+async function fillLayer(upper: string, totalMiB: number): Promise<{ jsonl: string; blobs: string[] }> {
+  const randomMiB = Math.round((totalMiB * 3) / 4);
   const data = join(upper, 'home/agent/work');
   const sessions = join(upper, 'home/agent/.claude/projects/-home-agent-work');
   await mkdir(data, { recursive: true });
   await mkdir(sessions, { recursive: true });
-  for (let i = 0; i * 10 < randomMiB; i++) await writeFile(join(data, `blob-${i}.bin`), randomBytes(Math.min(10, randomMiB - i * 10) * MiB));
+  const blobs: string[] = [];
+  for (let i = 0; i * 10 < randomMiB; i++) {
+    blobs.push(join(data, `blob-${i}.bin`));
+    await writeFile(blobs[i]!, randomBytes(Math.min(10, randomMiB - i * 10) * MiB));
+  }
   const jsonl = join(sessions, 'session-0001.jsonl');
-  const line = (i: number) => JSON.stringify({ type: 'assistant', session_id: 'session-0001', seq: i, message: { role: 'assistant', content: [{ type: 'text', text: `step ${i}: ` + 'the quick brown fox jumps over the lazy dog '.repeat(8) }] } }) + '\n';
   const out = createWriteStream(jsonl);
   let written = 0;
-  for (let i = 0; written < jsonlMiB * MiB; i++) {
+  for (let i = 0; written < (totalMiB - randomMiB) * MiB; i++) {
     const l = line(i);
     written += Buffer.byteLength(l);
     if (!out.write(l)) await new Promise<void>((r) => out.once('drain', () => r()));
   }
   await new Promise<void>((resolve, reject) => out.end((err?: Error | null) => (err ? reject(err) : resolve())));
-  return jsonl;
+  return { jsonl, blobs };
+}
+
+function line(i: number): string {
+  return `${JSON.stringify({ type: 'assistant', session_id: 'session-0001', seq: i, message: { role: 'assistant', content: [{ type: 'text', text: `step ${i}: ${'the quick brown fox jumps over the lazy dog '.repeat(8)}` }] } })}\n`;
+}
+
+/** 1 MiB of new session lines at the end of the JSONL file (what a conversation turn does). */
+async function appendTurn(jsonl: string, from: number): Promise<number> {
+  const lines: string[] = [];
+  let bytes = 0;
+  let i = from;
+  for (; bytes < MiB; i++) {
+    const l = line(i);
+    lines.push(l);
+    bytes += l.length;
+  }
+  await appendFile(jsonl, lines.join(''));
+  return i;
+}
+
+/** 10 MiB changed in place: 1 MiB of new bytes at a random offset of each of ten blobs. */
+async function scatterChange(blobs: readonly string[]): Promise<void> {
+  for (let i = 0; i < 10; i++) {
+    const file = blobs[(i * 7) % blobs.length]!;
+    const fh = await open(file, 'r+');
+    try {
+      const { size } = await fh.stat();
+      await fh.write(randomBytes(Math.min(MiB, size)), 0, Math.min(MiB, size), Math.floor(Math.random() * Math.max(1, size - MiB)));
+    } finally {
+      await fh.close();
+    }
+  }
 }
 
 function rawLimit(upper: string): number {
@@ -95,6 +139,189 @@ function rawLimit(upper: string): number {
   const r = spawnSync('bash', ['-c', `set -o pipefail; tar --xattrs --numeric-owner -C '${upper}' -cf - . | openssl dgst -sha256 >/dev/null`]);
   if (r.status !== 0) throw new Error(`raw tar|openssl failed: ${r.stderr.toString()}`);
   return Number(process.hrtime.bigint() - t0) / 1e9;
+}
+
+interface SizeResult {
+  readonly layerMiB: number;
+  readonly figures: Record<string, number>;
+  readonly samples: Record<string, number[]>;
+  readonly phases: Record<string, number>;
+}
+
+async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string; nats: TestNats; jsm: JetStreamManager; scratch: string }, totalMiB: number, withV1: boolean): Promise<SizeResult> {
+  const { a, b, imageId, nats, jsm, scratch } = ctx;
+  const natsPid = nats.server.pid!;
+  const connection = { servers: nats.server.url };
+  const nc = await nats.connect(`bench-checkpoint-${totalMiB}`);
+  const tag = `${totalMiB}`;
+  const source = await createSandbox(a.docker, imageId, `bench-source-${tag}`);
+  const upper = await upperDirOf(source);
+  const { jsonl, blobs } = await fillLayer(upper, totalMiB);
+  rawLimit(upper); // warm the page cache so every contender reads from memory
+  // Past the racy margin: the layer was written a moment ago, a real checkpoint comes later.
+  await new Promise((r) => setTimeout(r, 2_100));
+
+  const s: Record<string, number[]> = {};
+  const add = (k: string, v: number): void => void (s[k] ??= []).push(v);
+  let last: { store: ChunkStore; stored: StoredLayer } | undefined;
+  for (let r = 0; r < rounds; r++) {
+    add('raw', rawLimit(upper));
+    // Ours: into an empty chunk stream each round (nothing to deduplicate against). Streams of one
+    // subject prefix cannot overlap: the previous round's pair goes first.
+    if (last) {
+      await jsm.streams.delete(last.store.chunkStream);
+      await jsm.streams.delete(last.store.manifestStream);
+    }
+    if (withV1) {
+      const v1store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_V1_${tag}_${r}`, manifestStream: `SF_CKPT_BENCH_V1_${tag}_${r}` });
+      const [t] = await timed(() => storeLayer(upper, v1store, { publishWorker: connection, schemaVersion: 1 }));
+      add('ours_v1', t);
+      await jsm.streams.delete(v1store.chunkStream);
+      await jsm.streams.delete(v1store.manifestStream);
+    }
+    const store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_${tag}_${r}`, manifestStream: `SF_CKPT_BENCH_${tag}_${r}` });
+    const captured = await timedCpu(natsPid, () => storeLayer(upper, store, { publishWorker: connection }));
+    add('ours', captured.s);
+    add('capture_cpu', captured.cpuS);
+    add('capture_nats_cpu', captured.otherCpuS);
+    add('first_stored_bytes', captured.out.stats.storedBytes);
+    add('chunks', captured.out.layer.chunks.length);
+
+    // Peer: docker commit + docker save (to a file on the same disk).
+    const archive = join(scratch, `commit-${tag}-${r}.tar`);
+    const [tCommitSave, committed] = await timed(async () => {
+      const c = (await source.commit({ repo: 'bench-commit', tag: `${tag}-${r}` })) as { Id: string };
+      await pipeline(await a.docker.getImage(c.Id).get(), createWriteStream(archive));
+      return c.Id;
+    });
+    add('commitSave', tCommitSave);
+
+    // Ours restore on host B, in the agent's order: validate (fetching into the host's chunk
+    // cache, empty here), create the container, extract from the cache.
+    const cacheDir = join(scratch, `cache-${tag}-${r}`);
+    const cache = await ChunkCache.open({ dir: cacheDir, maxBytes: 2 * captured.out.layer.size + 64 * MiB });
+    const restoreOnce = async (name: string): Promise<{ tCreate: number; container: Docker.Container }> => {
+      const verified = await verifyLayer(captured.out.layer, store, { fetchWorker: connection, cache });
+      try {
+        const [tCreate, container] = await timed(() => createSandbox(b.docker, imageId, name));
+        await extractVerifiedLayer(verified, store, await upperDirOf(container), { fetchWorker: connection, cache });
+        return { tCreate, container };
+      } finally {
+        verified.release();
+      }
+    };
+    const cold = await timedCpu(natsPid, () => restoreOnce(`bench-restore-${tag}-${r}`));
+    add('oursRestore', cold.s);
+    add('restore_cpu', cold.cpuS);
+    add('restore_nats_cpu', cold.otherCpuS);
+    add('create', cold.out.tCreate);
+    // A group returning to this host: every chunk is in the cache already.
+    const warm = await timedCpu(natsPid, () => restoreOnce(`bench-restore-warm-${tag}-${r}`));
+    add('oursRestoreCached', warm.s);
+    add('restore_cached_nats_cpu', warm.otherCpuS);
+
+    // Where capture time goes (not part of the comparison): stages alone, on this thread.
+    const [tCaptureOnly] = await timed(async () => {
+      for await (const piece of captureLayer(upper)) void piece;
+    });
+    const [tCaptureCdc] = await timed(async () => {
+      const chunker = new FastCdcChunker();
+      for await (const piece of captureLayer(upper)) chunker.push(piece);
+      chunker.finish();
+    });
+    add('capture_tar_parse_only', tCaptureOnly);
+    add('capture_tar_parse_cdc_only', tCaptureCdc);
+
+    // Peer restore on host B: docker load of the committed image + docker create.
+    const [tLoadCreate] = await timed(async () => {
+      const out = await b.docker.loadImage(createReadStream(archive));
+      await new Promise<void>((resolve, reject) => b.docker.modem.followProgress(out, (err) => (err ? reject(err) : resolve())));
+      await createSandbox(b.docker, committed, `bench-peer-${tag}-${r}`);
+    });
+    add('loadCreate', tLoadCreate);
+
+    // Clean up this round's artefacts so the next round starts equal.
+    for (const name of [`bench-peer-${tag}-${r}`, `bench-restore-${tag}-${r}`, `bench-restore-warm-${tag}-${r}`]) await b.docker.getContainer(name).remove({ force: true });
+    await b.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
+    await a.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
+    await rm(archive, { force: true });
+    await rm(cacheDir, { recursive: true, force: true });
+    last = { store, stored: captured.out };
+  }
+
+  // Incremental checkpoints into the last round's store, each from the previous capture's index:
+  // after a conversation turn (1 MiB appended to the session file), then after 10 MiB changed in
+  // place across ten files.
+  let previous = last!.stored;
+  let seq = 1_000_000;
+  const incremental = async (prefix: string, change: () => Promise<void>): Promise<void> => {
+    for (let r = 0; r < rounds; r++) {
+      await change();
+      const stored = await timedCpu(natsPid, () => storeLayer(upper, last!.store, { publishWorker: connection, previous: previous.index }));
+      if (stored.out.capture.mode !== 'incremental') throw new Error(`${prefix}: capture was ${stored.out.capture.mode} (${stored.out.capture.reason})`);
+      add(`${prefix}_s`, stored.s);
+      add(`${prefix}_stored_bytes`, stored.out.stats.storedBytes);
+      add(`${prefix}_read_entries`, stored.out.capture.readEntries);
+      add(`${prefix}_verified_bytes`, stored.out.capture.verifiedBytes);
+      add(`${prefix}_cpu`, stored.cpuS);
+      previous = stored.out;
+    }
+  };
+  await incremental('append', async () => {
+    seq = await appendTurn(jsonl, seq);
+  });
+  await incremental('scatter', () => scatterChange(blobs));
+
+  await source.remove({ force: true });
+  await jsm.streams.delete(last!.store.chunkStream);
+  await jsm.streams.delete(last!.store.manifestStream);
+  await nc.close();
+
+  const m = (k: string): number => median(s[k] ?? []);
+  const layerBytes = previous.layer.size;
+  const figures: Record<string, number> = {
+    layer_bytes: layerBytes,
+    raw_tar_openssl_s: m('raw'),
+    capture_store_s: m('ours'),
+    docker_commit_save_s: m('commitSave'),
+    restore_s: m('oursRestore'),
+    restore_cached_s: m('oursRestoreCached'),
+    docker_load_create_s: m('loadCreate'),
+    capture_speedup_vs_commit_save: m('commitSave') / m('ours'),
+    restore_speedup_vs_load_create: m('loadCreate') / m('oursRestore'),
+    restore_cached_speedup: m('oursRestore') / m('oursRestoreCached'),
+    fraction_of_raw_limit: m('raw') / m('ours'),
+    incremental_s: m('append_s'),
+    incremental_stored_bytes: m('append_stored_bytes'),
+    first_stored_bytes: m('first_stored_bytes'),
+    incremental_bytes_fraction: m('append_stored_bytes') / m('first_stored_bytes'),
+    incremental_time_fraction: m('append_s') / m('ours'),
+    incremental_scatter_s: m('scatter_s'),
+    incremental_scatter_stored_bytes: m('scatter_stored_bytes'),
+    incremental_scatter_time_fraction: m('scatter_s') / m('ours'),
+    incremental_scatter_bytes_fraction: m('scatter_stored_bytes') / m('first_stored_bytes'),
+  };
+  if (withV1) {
+    figures.capture_store_v1_s = m('ours_v1');
+    figures.capture_v1_speedup_vs_commit_save = m('commitSave') / m('ours_v1');
+  }
+  const phases = {
+    capture_cpu_s: m('capture_cpu'),
+    capture_nats_server_cpu_s: m('capture_nats_cpu'),
+    capture_tar_parse_only_s: m('capture_tar_parse_only'),
+    capture_tar_parse_cdc_only_s: m('capture_tar_parse_cdc_only'),
+    restore_cpu_s: m('restore_cpu'),
+    restore_nats_server_cpu_s: m('restore_nats_cpu'),
+    restore_cached_nats_server_cpu_s: m('restore_cached_nats_cpu'),
+    docker_create_s: m('create'),
+    chunks: m('chunks'),
+    incremental_append_cpu_s: m('append_cpu'),
+    incremental_append_read_entries: m('append_read_entries'),
+    incremental_append_verified_bytes: m('append_verified_bytes'),
+    incremental_scatter_cpu_s: m('scatter_cpu'),
+    incremental_scatter_read_entries: m('scatter_read_entries'),
+  };
+  return { layerMiB: totalMiB, figures, samples: s, phases };
 }
 
 async function main(): Promise<void> {
@@ -108,167 +335,55 @@ async function main(): Promise<void> {
     const image = await provisionSandboxImage([a.docker, b.docker], { bridgeVersion: 4 });
     // Same durability as production: fsync before every ack.
     nats = await startTestNats();
-    const natsPid = nats.server.pid;
-    if (natsPid === undefined) throw new Error('nats-server has no pid');
-    const nc = await nats.connect('bench-checkpoint');
-
-    const source = await createSandbox(a.docker, image.imageId, 'bench-source');
-    const upper = await upperDirOf(source);
-    const jsonl = await fillLayer(upper);
-    const layerBytes = Number(spawnSync('du', ['-sb', upper]).stdout.toString().split('\t')[0]);
-    rawLimit(upper); // warm the page cache so every contender reads from memory
-
-    const raw: number[] = [], ours: number[] = [], commitSave: number[] = [], oursRestore: number[] = [], loadCreate: number[] = [];
-    const capturePhases: Record<string, number>[] = [];
-    let lastStore: ChunkStore | undefined;
-    let firstStoredBytes = 0;
-    for (let r = 0; r < rounds; r++) {
-      raw.push(rawLimit(upper));
-
-      // Ours, as the agent checkpoints: capture → FastCDC chunks (this thread) → sha256 → JetStream (publish worker thread), into an empty chunk stream each round.
-      // Streams of one prefix cannot overlap in subjects: drop the previous round's pair first.
-      if (lastStore) {
-        const jsm = await jetstreamManager(nc);
-        await jsm.streams.delete(lastStore.chunkStream);
-        await jsm.streams.delete(lastStore.manifestStream);
-      }
-      const store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_${r}`, manifestStream: `SF_CKPT_BENCH_${r}` });
-      const captured = await timedCpu(natsPid, () => storeLayer(upper, store, { publishWorker: { servers: nats!.server.url } }));
-      const stored = captured.out;
-      ours.push(captured.s);
-      firstStoredBytes = stored.stats.storedBytes;
-
-      // Peer: docker commit + docker save (to a file on the same disk).
-      const archive = join(scratch, `commit-${r}.tar`);
-      const [tCommitSave, committed] = await timed(async () => {
-        const c = (await source.commit({ repo: 'bench-commit', tag: String(r) })) as { Id: string };
-        await pipeline(await a.docker.getImage(c.Id).get(), createWriteStream(archive));
-        return c.Id;
-      });
-      commitSave.push(tCommitSave);
-
-      // Ours restore on host B: docker create from the same base image id, overlapped with the
-      // first chunk fetches (fetchLayer takes the target dir as a promise), then verify+extract.
-      let tCreate = 0;
-      let target: Docker.Container | undefined;
-      const t0 = process.hrtime.bigint();
-      const targetUpper = createSandbox(b.docker, image.imageId, `bench-restore-${r}`).then(async (c) => {
-        target = c;
-        tCreate = Number(process.hrtime.bigint() - t0) / 1e9;
-        return upperDirOf(c);
-      });
-      // As the agent restores: chunks fetched and verified on a worker thread with its own NATS
-      // connection, the whole-layer digest, parsing and tar -x on this one.
-      const restored = await timedCpu(natsPid, () => fetchLayer(stored.layer, store, targetUpper, { fetchWorker: { servers: nats!.server.url } }));
-      oursRestore.push(restored.s);
-
-      // Where the time goes (not part of the comparison): stages alone, on this thread.
-      const [tCaptureOnly] = await timed(async () => {
-        const c = captureLayer(upper, { hashLayer: false });
-        for await (const piece of c.stream) void piece;
-        await c.done;
-      });
-      const [tCaptureCdc] = await timed(async () => {
-        const c = captureLayer(upper, { hashLayer: false });
-        const chunker = new FastCdcChunker();
-        for await (const piece of c.stream) chunker.push(piece);
-        chunker.finish();
-        await c.done;
-      });
-      const [tFetchOnly] = await timed(async () => {
-        for await (const chunk of store.read(stored.layer.chunks)) void chunk;
-      });
-      capturePhases.push({
-        capture_store_s: captured.s,
-        capture_store_cpu_s: captured.cpuS,
-        capture_store_nats_server_cpu_s: captured.otherCpuS,
-        capture_tar_parse_only_s: tCaptureOnly,
-        capture_tar_parse_cdc_only_s: tCaptureCdc,
-        create_fetch_restore_s: restored.s,
-        create_fetch_restore_cpu_s: restored.cpuS,
-        create_fetch_restore_nats_server_cpu_s: restored.otherCpuS,
-        create_s: tCreate,
-        fetch_verify_only_s: tFetchOnly,
-        chunks: stored.layer.chunks.length,
-      });
-
-      // Peer restore on host B: docker load of the committed image + docker create.
-      const [tLoadCreate] = await timed(async () => {
-        const { createReadStream } = await import('node:fs');
-        const out = await b.docker.loadImage(createReadStream(archive));
-        await new Promise<void>((resolve, reject) => b.docker.modem.followProgress(out, (err) => (err ? reject(err) : resolve())));
-        await createSandbox(b.docker, committed, `bench-peer-${r}`);
-      });
-      loadCreate.push(tLoadCreate);
-
-      // Clean up this round's peer artefacts so the next round starts equal.
-      await b.docker.getContainer(`bench-peer-${r}`).remove({ force: true });
-      await target?.remove({ force: true });
-      await b.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
-      await a.docker.getImage(committed).remove({ force: true }).catch(() => undefined);
-      await rm(archive, { force: true });
-      lastStore = store;
-    }
-
-    // Incremental: append 1 MiB to the session history, checkpoint again into the last round's store.
-    await appendFile(jsonl, Buffer.alloc(MiB, '{"type":"user","message":"more"}\n'));
-    const [tIncr, incr] = await timed(() => storeLayer(upper, lastStore as ChunkStore, { publishWorker: { servers: nats!.server.url } }));
+    if (nats.server.pid === undefined) throw new Error('nats-server has no pid');
+    const jsm = await jetstreamManager(await nats.connect('bench-checkpoint'));
+    const results: SizeResult[] = [];
+    for (const [i, mib] of sizesMiB.entries()) results.push(await measureSize({ a, b, imageId: image.imageId, nats, jsm, scratch }, mib, i === 0));
 
     const cores = cpus().length;
-    const phaseMedian = (k: string) => median(capturePhases.map((p) => p[k] ?? Number.NaN));
-    const captureX = median(commitSave) / median(ours);
-    const restoreX = median(loadCreate) / median(oursRestore);
-    const incrFraction = incr.stats.storedBytes / firstStoredBytes;
-    const verdict = (name: string, ok: boolean, value: string) => `${name} ${value}: ${ok ? 'met' : 'MISSED'}`;
-    // Medians of every measured stage; nothing here is a constant.
-    const phasesMedian = {
-      capture_store_s: median(ours),
-      capture_store_cpu_s: phaseMedian('capture_store_cpu_s'),
-      capture_store_nats_server_cpu_s: phaseMedian('capture_store_nats_server_cpu_s'),
-      capture_tar_parse_only_s: phaseMedian('capture_tar_parse_only_s'),
-      capture_tar_parse_cdc_only_s: phaseMedian('capture_tar_parse_cdc_only_s'),
-      create_fetch_restore_s: median(oursRestore),
-      create_fetch_restore_cpu_s: phaseMedian('create_fetch_restore_cpu_s'),
-      create_fetch_restore_nats_server_cpu_s: phaseMedian('create_fetch_restore_nats_server_cpu_s'),
-      create_s: phaseMedian('create_s'),
-      fetch_verify_only_s: phaseMedian('fetch_verify_only_s'),
-      raw_tar_openssl_s: median(raw),
-    };
-    const p = phasesMedian;
-    const f2 = (x: number) => x.toFixed(2);
+    const [small, large] = [results[0]!, results[results.length - 1]!];
+    const f = small.figures;
+    const p = small.phases;
+    const perGiB = (k: string): number => (large.figures[k]! - small.figures[k]!) / ((large.figures.layer_bytes! - small.figures.layer_bytes!) / 1024 ** 3);
+    const slope = results.length < 2 ? {} : Object.fromEntries(['capture_store_s', 'restore_s', 'restore_cached_s', 'incremental_s', 'incremental_scatter_s', 'docker_commit_save_s', 'docker_load_create_s', 'raw_tar_openssl_s'].map((k) => [`${k}_per_gib`, perGiB(k)]));
+    const f2 = (x: number | undefined): string => (x ?? Number.NaN).toFixed(2);
+    const pct = (x: number | undefined): string => `${((x ?? Number.NaN) * 100).toFixed(1)}%`;
+    const verdict = (name: string, ok: boolean, value: string): string => `${name} ${value}: ${ok ? 'met' : 'MISSED'}`;
     const notes = [
-      `${verdict('capture+store vs commit+save', captureX >= 3, `${captureX.toFixed(2)}x (target >= 3)`)}; ${verdict('restore vs load+create', restoreX >= 2, `${restoreX.toFixed(2)}x (target >= 2)`)}; ${verdict('incremental', incrFraction <= 0.05, `${(incrFraction * 100).toFixed(2)}% (target <= 5%)`)}.`,
-      `Load average (1 min) at start ${f2(run.loadAverageStart[0] ?? Number.NaN)} on ${cores} cores (end: load_average_end): every contender here is CPU-bound, so absolute times scale with load; ratios are same-run.`,
-      `Where capture time goes (medians of this run's rounds): capture+store ${f2(p.capture_store_s)} s wall; tar+parse+OCI rewrite alone takes ${f2(p.capture_tar_parse_only_s)} s, the same plus FastCDC ${f2(p.capture_tar_parse_cdc_only_s)} s; the rest is the sha256s and the publish to JetStream. CPU meanwhile: this process (main thread + publish worker) ${f2(p.capture_store_cpu_s)} s, nats-server ${f2(p.capture_store_nats_server_cpu_s)} s, i.e. ${f2((p.capture_store_cpu_s + p.capture_store_nats_server_cpu_s) / p.capture_store_s)} of ${cores} cores busy. Raw limit (tar | openssl) ${f2(p.raw_tar_openssl_s)} s = ${((median(raw) / median(ours)) * 100).toFixed(0)}% of ours.`,
-      `Where restore time goes: docker create ${f2(p.create_s)} s (overlapped with the first chunk fetches), fetch+verify alone ${f2(p.fetch_verify_only_s)} s of ${f2(p.create_fetch_restore_s)} s; the rest is tar parse/validate and tar -x. CPU meanwhile: this process (main thread + fetch worker) ${f2(p.create_fetch_restore_cpu_s)} s, nats-server ${f2(p.create_fetch_restore_nats_server_cpu_s)} s, i.e. ${f2((p.create_fetch_restore_cpu_s + p.create_fetch_restore_nats_server_cpu_s) / p.create_fetch_restore_s)} of ${cores} cores busy. Stage-by-stage timings: bench/checkpoint/phases.ts.`,
+      `${small.layerMiB} MiB: ${verdict('capture+store vs commit+save', f.capture_speedup_vs_commit_save! >= 3, `${f2(f.capture_speedup_vs_commit_save)}x (target >= 3)`)}; ${verdict('capture vs raw limit', f.fraction_of_raw_limit! >= 0.3, `${pct(f.fraction_of_raw_limit)} (target >= 30%)`)}; ${verdict('restore vs load+create', f.restore_speedup_vs_load_create! >= 2.5, `${f2(f.restore_speedup_vs_load_create)}x (target >= 2.5)`)}; ${verdict('incremental time', f.incremental_time_fraction! <= 0.15, `${pct(f.incremental_time_fraction)} of a full capture (target <= 15%)`)}; ${verdict('incremental bytes', f.incremental_bytes_fraction! <= 0.05, `${pct(f.incremental_bytes_fraction)} (target <= 5%)`)}.`,
+      `Load average (1 min) at start ${f2(run.loadAverageStart[0])} on ${cores} cores (end: load_average_end): every contender here is CPU-bound, so absolute times scale with load; ratios are same-run.`,
+      `Capture (${small.layerMiB} MiB, medians): ${f2(f.capture_store_s)} s wall; walk+tar+parse+OCI rewrite alone ${f2(p.capture_tar_parse_only_s)} s, with FastCDC ${f2(p.capture_tar_parse_cdc_only_s)} s; the rest is the chunk hashes and the publishes (worker thread, fsync on every ack). CPU meanwhile: this process ${f2(p.capture_cpu_s)} s, nats-server ${f2(p.capture_nats_server_cpu_s)} s. Raw limit (tar | openssl) ${f2(f.raw_tar_openssl_s)} s.` +
+        (f.capture_store_v1_s !== undefined ? ` A version-1 capture (whole-tar digest, hashed on the publish worker) took ${f2(f.capture_store_v1_s)} s (${f2(f.capture_v1_speedup_vs_commit_save)}x commit+save).` : ''),
+      `Restore (${small.layerMiB} MiB): ${f2(f.restore_s)} s in the agent's order (validation pass fetching into an empty chunk cache, docker create ${f2(p.docker_create_s)} s, extraction from the cache); CPU this process ${f2(p.restore_cpu_s)} s, nats-server ${f2(p.restore_nats_server_cpu_s)} s. From a warm cache (a group returning): ${f2(f.restore_cached_s)} s, ${f2(f.restore_cached_speedup)}x faster, nats-server CPU ${f2(p.restore_cached_nats_server_cpu_s)} s.`,
+      `Incremental (${small.layerMiB} MiB): after a 1 MiB append ${f2(f.incremental_s)} s, ${pct(f.incremental_time_fraction)} of a full capture, stored ${pct(f.incremental_bytes_fraction)} (read ${p.incremental_append_read_entries} entries; the session file's old bytes hashed against the old chunks, ${((p.incremental_append_verified_bytes ?? 0) / MiB).toFixed(1)} MiB, not chunked or uploaded); after 10 MiB changed in place in ten files ${f2(f.incremental_scatter_s)} s (${pct(f.incremental_scatter_time_fraction)}), stored ${pct(f.incremental_scatter_bytes_fraction)}.`,
     ];
-    if (captureX < 3) notes.push(`Capture misses 3x: it would need <= ${f2(median(commitSave) / 3)} s; it took ${f2(median(ours))} s.`);
-    if (restoreX < 2) notes.push(`Restore misses 2x: it would need <= ${f2(median(loadCreate) / 2)} s; it took ${f2(median(oursRestore))} s, of which fetch+verify alone ${f2(p.fetch_verify_only_s)} s.`);
+    if (results.length > 1) {
+      const g = large.figures;
+      notes.push(
+        `${large.layerMiB} MiB: capture ${f2(g.capture_store_s)} s (${f2(g.capture_speedup_vs_commit_save)}x commit+save), restore ${f2(g.restore_s)} s (${f2(g.restore_speedup_vs_load_create)}x load+create), cached restore ${f2(g.restore_cached_s)} s, incremental after 1 MiB ${f2(g.incremental_s)} s (${pct(g.incremental_time_fraction)}), after 10 MiB scattered ${f2(g.incremental_scatter_s)} s. ` +
+          `Per GiB more layer: capture +${f2(perGiB('capture_store_s'))} s, restore +${f2(perGiB('restore_s'))} s, incremental (1 MiB append) +${f2(perGiB('incremental_s'))} s, commit+save +${f2(perGiB('docker_commit_save_s'))} s, load+create +${f2(perGiB('docker_load_create_s'))} s.`,
+      );
+    }
     const result = {
       when: new Date().toISOString(),
       rounds,
-      layer_bytes: layerBytes,
-      layer_mix: { random_mib: randomMiB, jsonl_mib: jsonlMiB },
-      raw_tar_openssl_s: median(raw),
-      capture_store_s: median(ours),
-      docker_commit_save_s: median(commitSave),
-      restore_s: median(oursRestore),
-      docker_load_create_s: median(loadCreate),
-      capture_speedup_vs_commit_save: captureX,
-      restore_speedup_vs_load_create: restoreX,
-      fraction_of_raw_limit: median(raw) / median(ours),
-      incremental_s: tIncr,
-      incremental_stored_bytes: incr.stats.storedBytes,
-      first_stored_bytes: firstStoredBytes,
-      incremental_bytes_fraction: incrFraction,
-      phases_median: phasesMedian,
-      phases: capturePhases,
-      samples: { raw, ours, commitSave, oursRestore, loadCreate },
+      manifest_schema_version: 2,
+      layer_mix: { random_fraction: 0.75, jsonl_fraction: 0.25, random_file_mib: 10 },
+      ...f,
+      phases_median: p,
+      sizes: Object.fromEntries(results.map((r) => [`${r.layerMiB}MiB`, { figures: r.figures, phases_median: r.phases, samples: r.samples }])),
+      slope,
       machine: { cpus: cores },
-      targets: { capture_speedup_vs_commit_save: '>= 3', restore_speedup_vs_load_create: '>= 2', incremental_bytes_fraction: '<= 0.05' },
+      targets: {
+        capture_speedup_vs_commit_save: '>= 3',
+        fraction_of_raw_limit: '>= 0.3',
+        restore_speedup_vs_load_create: '>= 2.5',
+        incremental_time_fraction: '<= 0.15',
+        incremental_bytes_fraction: '<= 0.05',
+      },
       notes,
     };
-    console.log(JSON.stringify({ ...result, samples: undefined, phases: undefined }, null, 2));
+    console.log(JSON.stringify({ ...f, notes }, null, 2));
     await writeResult(run, result);
   } finally {
     await nats?.cleanup();

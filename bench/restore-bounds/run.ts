@@ -7,13 +7,15 @@
 // Per scenario, a fresh agent: the result (outcome, reason, duration), the longest gap between the
 // agent's heartbeats as received here and by their own send time (interval --heartbeat-ms), the
 // agent's peak RSS (VmHWM) and whether anything was left in the engine's overlay2 dirs.
-// Writes bench/restore-bounds/results.json (or --out).
+// Writes bench/results/restore-bounds.json (bench/common.ts; --out DIR elsewhere, --file NAME for
+// another file name, e.g. a baseline). A --smoke run: a 2,001-entry bomb against an agent limit of
+// 2,000 entries and a 16 MiB layer, into a temp dir.
 //
 //   node --import tsx bench/restore-bounds/run.ts [--entries 1000001] [--gib 1] [--heartbeat-ms 1000] [--only bomb|big]
-//     [--escape-tail] [--max-entries N] [--out FILE]
+//     [--escape-tail] [--max-entries N] [--smoke] [--out DIR] [--file NAME.json]
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -31,23 +33,29 @@ import { Collector, TEST_AGENT_SHA, registrationResponder, sendCommand, type Reg
 import { destroyAll, startDockerHost, type DockerHost } from '../../test/support/docker.ts';
 import { startTestNats, type TestNats } from '../../test/support/nats.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../test/support/sandbox-image.ts';
+import { BENCH_OPTIONS, startBench, writeResult } from '../common.ts';
 
 const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const { values } = parseArgs({
   options: {
-    entries: { type: 'string', default: '1000001' },
-    gib: { type: 'string', default: '1' },
+    entries: { type: 'string' },
+    gib: { type: 'string' },
     'heartbeat-ms': { type: 'string', default: '1000' },
     only: { type: 'string' },
     /** End the bomb with a `../escaped` entry: refused by a name rule after every other entry (any limits). */
     'escape-tail': { type: 'boolean', default: false },
     /** Agent env for the layer limits (SANDBOXFLEET_LAYER_MAX_ENTRIES); default the agent's own default. */
     'max-entries': { type: 'string' },
-    out: { type: 'string', default: join(REPO, 'bench/restore-bounds/results.json') },
+    /** Result file name under the output dir (default restore-bounds.json). */
+    file: { type: 'string' },
+    ...BENCH_OPTIONS,
   },
 });
-const ENTRIES = Number(values.entries);
-const GIB = Number(values.gib);
+const run = startBench('restore-bounds', values);
+// Smoke: one entry over a small agent limit, and a 16 MiB layer (one 16 MiB file).
+const ENTRIES = Number(values.entries ?? (run.smoke ? 2001 : 1_000_001));
+const MAX_ENTRIES = values['max-entries'] ?? (run.smoke ? '2000' : undefined);
+const GIB = Number(values.gib ?? (run.smoke ? 1 / 64 : 1));
 const HEARTBEAT_MS = Number(values['heartbeat-ms']);
 const MiB = 1024 * 1024;
 const BRIDGE = 4;
@@ -189,7 +197,7 @@ async function scenario(name: string, nats: TestNats, nc: NatsConnection, host: 
     SANDBOXFLEET_HTTP_PORT: '0',
     SANDBOXFLEET_LAYER_CACHE_DIR: cacheDir,
     LOG_LEVEL: 'warn',
-    ...(values['max-entries'] !== undefined ? { SANDBOXFLEET_LAYER_MAX_ENTRIES: values['max-entries'] } : {}),
+    ...(MAX_ENTRIES !== undefined ? { SANDBOXFLEET_LAYER_MAX_ENTRIES: MAX_ENTRIES } : {}),
   };
   const registered = responder.next(hostId, 120_000);
   const child = spawn(process.execPath, ['--import', 'tsx', 'cmd/host-agent/main.ts'], { cwd: REPO, env, stdio: ['ignore', 'inherit', 'inherit'] });
@@ -267,8 +275,14 @@ async function main(): Promise<void> {
       results.push(await scenario('big', nats, nc, host, image, store, layer, responder));
       console.log(JSON.stringify(results.at(-1)));
     }
-    writeFileSync(values.out!, `${JSON.stringify({ measured_at: new Date().toISOString(), cpus: 2, results }, null, 2)}\n`);
     await responder.stop();
+    const bomb = results.find((r) => r.scenario === 'bomb');
+    const big = results.find((r) => r.scenario === 'big');
+    const figures = {
+      ...(bomb ? { bomb_seconds: bomb.command_seconds, bomb_max_heartbeat_gap_ms: bomb.max_heartbeat_gap_sent_ms, bomb_agent_peak_rss_bytes: bomb.agent_peak_rss_bytes, bomb_refused: bomb.outcome === 'REFUSED' ? 1 : 0 } : {}),
+      ...(big ? { big_seconds: big.command_seconds, big_max_heartbeat_gap_ms: big.max_heartbeat_gap_sent_ms, big_agent_peak_rss_bytes: big.agent_peak_rss_bytes, big_restored: big.outcome === 'OK' ? 1 : 0 } : {}),
+    };
+    await writeResult(run, { measured_at: new Date().toISOString(), cpus: 2, entries: ENTRIES, max_entries: MAX_ENTRIES ?? 'agent default', gib: GIB, ...figures, results }, values.file);
   } finally {
     await nats?.cleanup();
     await destroyAll([host]);

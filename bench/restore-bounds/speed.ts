@@ -13,8 +13,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { createHash } from 'node:crypto';
-import type { LayerRef } from '../../src/core/checkpoint-manifest.ts';
+import { chunkListDigest, type LayerRef } from '../../src/core/checkpoint-manifest.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker } from '../../src/host-agent/layer/fastcdc.ts';
 import { fetchLayer } from '../../src/host-agent/layer/layer-transfer.ts';
 import { END_OF_ARCHIVE, dataPadding, encodeHeader, type TarHeader } from '../../src/host-agent/layer/tar-format.ts';
@@ -62,18 +61,17 @@ async function main(): Promise<void> {
     const store = await ChunkStore.open(nc);
     const chunker = new FastCdcChunker(DEFAULT_CHUNKER_OPTIONS);
     const writer = store.writer(16);
-    const hash = createHash('sha256');
     const chunks = [];
     let size = 0;
     for (const part of layerTar()) {
-      hash.update(part);
       size += part.length;
       for (const c of chunker.push(part)) chunks.push(await writer.put(c));
     }
     const last = chunker.finish();
     if (last !== null) chunks.push(await writer.put(last));
     await writer.flush();
-    const layer: LayerRef = { digest: `sha256:${hash.digest('hex')}`, size, chunks };
+    // A version-2 layer (its digest covers the chunk list).
+    const layer: LayerRef = { digest: chunkListDigest(chunks), size, chunks };
     const fetchWorker = { servers: nats.server.url };
     // Loaded lazily: the one-pass baseline checkout has no chunk cache.
     const cacheModule = await import('../../src/host-agent/layer/chunk-cache.ts').catch(() => undefined);

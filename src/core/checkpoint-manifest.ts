@@ -1,9 +1,42 @@
 // The checkpoint manifest (R-G3): the record, written last, that makes a checkpoint exist. Pure: a
 // strict bounded parser (R-R4) so a corrupt or hostile manifest is refused with a reason before any
 // chunk is fetched, and the compatibility check of R-G4 (base image digest, bridge version).
+// Two schema versions, both readable; they differ only in what a member's `layer.digest` is:
+//   1: sha256 of the whole layer tar (every byte hashed in order: capture must read every byte);
+//   2: sha256 of the layer's chunk list (chunkListText): an incremental capture reuses the chunks
+//      of unchanged files without reading them (host-agent/layer/incremental.ts), so it cannot hash
+//      bytes it never read. Integrity is the same: every chunk is verified against its own sha256
+//      on every read, and the list that orders them is what the digest covers.
+import { createHash } from 'node:crypto';
 import { isHostId } from './ids.ts';
 
-export const CHECKPOINT_MANIFEST_SCHEMA_VERSION = 1;
+/** The newest schema version (what a capture that may reuse chunks writes). */
+export const CHECKPOINT_MANIFEST_SCHEMA_VERSION = 2;
+/** Every version this code reads. */
+export const MANIFEST_SCHEMA_VERSIONS = [1, 2] as const;
+export type ManifestSchemaVersion = (typeof MANIFEST_SCHEMA_VERSIONS)[number];
+
+/** What a layer digest covers: the tar bytes (version 1) or the chunk list (version 2). */
+export type LayerDigestKind = 'tar' | 'chunk-list';
+
+export function layerDigestKind(schemaVersion: ManifestSchemaVersion): LayerDigestKind {
+  return schemaVersion === 1 ? 'tar' : 'chunk-list';
+}
+
+/**
+ * The text a version-2 layer digest is the sha256 of: one line per chunk, in layer order,
+ * `sha256:<64 hex> <size>\n`. The sizes are in it so the list alone fixes the layer's length.
+ */
+export function chunkListText(chunks: readonly ChunkRef[]): string {
+  let text = '';
+  for (const c of chunks) text += `${c.digest} ${c.size}\n`;
+  return text;
+}
+
+/** `sha256:<hex>` of chunkListText: a version-2 layer digest (hashing is pure; no I/O). */
+export function chunkListDigest(chunks: readonly ChunkRef[]): string {
+  return `sha256:${createHash('sha256').update(chunkListText(chunks)).digest('hex')}`;
+}
 
 /**
  * Upper bound of a serialized manifest. It must fit one NATS message (default max_payload 1 MiB)
@@ -67,7 +100,8 @@ export interface CleanStopEvidence {
 }
 
 export interface CheckpointManifest {
-  readonly schemaVersion: typeof CHECKPOINT_MANIFEST_SCHEMA_VERSION;
+  /** 1 or 2: what each layer digest covers (layerDigestKind). */
+  readonly schemaVersion: ManifestSchemaVersion;
   readonly checkpointId: string;
   readonly groupId: string;
   readonly placementGeneration: number;
@@ -151,7 +185,7 @@ function absPath(v: unknown, path: string): string {
   return v;
 }
 
-function checkLayer(v: unknown, path: string, maxChunks: number): LayerRef {
+function checkLayer(v: unknown, path: string, maxChunks: number, kind: LayerDigestKind): LayerRef {
   const o = obj(v, path, ['digest', 'size', 'chunks']);
   const digest = str(o.digest, `${path}.digest`, DIGEST_RE, 'a sha256 digest');
   const size = uint(o.size, `${path}.size`);
@@ -164,10 +198,13 @@ function checkLayer(v: unknown, path: string, maxChunks: number): LayerRef {
     return chunk;
   });
   if (sum !== size) fail(path, `chunk sizes add up to ${sum}, layer size is ${size}`);
+  // A version-2 digest is a function of the list: a manifest contradicting itself is refused here,
+  // before anything is fetched (a version-1 digest can only be checked against the bytes).
+  if (kind === 'chunk-list' && chunkListDigest(chunks) !== digest) fail(`${path}.digest`, 'does not match the chunk list');
   return { digest, size, chunks };
 }
 
-function checkMember(v: unknown, path: string, maxChunks: number): CheckpointMember {
+function checkMember(v: unknown, path: string, maxChunks: number, kind: LayerDigestKind): CheckpointMember {
   const o = obj(v, path, ['memberId', 'cliKind', 'savedLocator', 'nativeSessionPaths', 'layer']);
   const savedLocator = o.savedLocator;
   if (savedLocator !== null && (typeof savedLocator !== 'string' || savedLocator.length === 0 || savedLocator.length > MAX_LOCATOR_CHARS)) {
@@ -178,7 +215,7 @@ function checkMember(v: unknown, path: string, maxChunks: number): CheckpointMem
     cliKind: str(o.cliKind, `${path}.cliKind`, CLI_KIND_RE, 'a CLI kind'),
     savedLocator,
     nativeSessionPaths: arr(o.nativeSessionPaths, `${path}.nativeSessionPaths`, 0, MAX_SESSION_PATHS).map((p, i) => absPath(p, `${path}.nativeSessionPaths[${i}]`)),
-    layer: checkLayer(o.layer, `${path}.layer`, maxChunks),
+    layer: checkLayer(o.layer, `${path}.layer`, maxChunks, kind),
   };
 }
 
@@ -199,22 +236,25 @@ function checkCleanStop(v: unknown, path: string): CleanStopEvidence {
 
 /** Validate an in-memory value as a manifest (shape, bounds, cross-field rules). */
 export function validateCheckpointManifest(value: unknown, maxManifestBytes = DEFAULT_MAX_MANIFEST_BYTES): CheckpointManifest {
-  if (typeof value === 'object' && value !== null && 'schemaVersion' in value && (value as Obj).schemaVersion !== CHECKPOINT_MANIFEST_SCHEMA_VERSION) {
-    throw new ManifestError('manifest_unsupported_version', `schema version ${String((value as Obj).schemaVersion)} is not ${CHECKPOINT_MANIFEST_SCHEMA_VERSION}`);
+  const version = typeof value === 'object' && value !== null && 'schemaVersion' in value ? (value as Obj).schemaVersion : undefined;
+  if (version !== undefined && !(MANIFEST_SCHEMA_VERSIONS as readonly unknown[]).includes(version)) {
+    throw new ManifestError('manifest_unsupported_version', `schema version ${String(version)} is not one of ${MANIFEST_SCHEMA_VERSIONS.join(', ')}`);
   }
   const o = obj(value, 'manifest', ['schemaVersion', 'checkpointId', 'groupId', 'placementGeneration', 'source', 'createdAtMs', 'cleanStop', 'members', 'baseImageDigest', 'bridgeVersion']);
   const source = obj(o.source, 'manifest.source', ['hostId', 'epoch']);
   // A chunk ref serializes to at least ~90 bytes: this bounds the arrays before we walk them.
   const maxChunks = Math.floor(maxManifestBytes / 90);
+  const schemaVersion = version as ManifestSchemaVersion;
+  const kind = layerDigestKind(schemaVersion);
   const manifest: CheckpointManifest = {
-    schemaVersion: CHECKPOINT_MANIFEST_SCHEMA_VERSION,
+    schemaVersion,
     checkpointId: str(o.checkpointId, 'manifest.checkpointId', ID_RE, 'a safe id'),
     groupId: str(o.groupId, 'manifest.groupId', ID_RE, 'a safe id'),
     placementGeneration: uint(o.placementGeneration, 'manifest.placementGeneration'),
     source: { hostId: hostIdField(source.hostId, 'manifest.source.hostId'), epoch: uint(source.epoch, 'manifest.source.epoch') },
     createdAtMs: uint(o.createdAtMs, 'manifest.createdAtMs'),
     cleanStop: checkCleanStop(o.cleanStop, 'manifest.cleanStop'),
-    members: arr(o.members, 'manifest.members', 1, MAX_MEMBERS).map((m, i) => checkMember(m, `manifest.members[${i}]`, maxChunks)),
+    members: arr(o.members, 'manifest.members', 1, MAX_MEMBERS).map((m, i) => checkMember(m, `manifest.members[${i}]`, maxChunks, kind)),
     baseImageDigest: str(o.baseImageDigest, 'manifest.baseImageDigest', DIGEST_RE, 'a sha256 digest'),
     bridgeVersion: str(o.bridgeVersion, 'manifest.bridgeVersion', VERSION_RE, 'a printable version string'),
   };

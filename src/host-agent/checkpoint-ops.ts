@@ -1,9 +1,12 @@
 // Checkpoint and restore of a group's writable layers (R-G3, R-G4, R-G5).
 // Checkpoint: only after a clean stop (evidence re-judged by core, never the flag alone), only while
 // every member container is stopped and not restarted since; each member's upper dir is captured
-// layer-only into the chunk store (streamed, hashed while streaming), and the manifest is written
-// LAST — a checkpoint exists only once its manifest does. A retried command finds the manifest and
-// answers it again instead of capturing twice.
+// layer-only into the chunk store (streamed, chunked and hashed while streaming; with version-2
+// manifests only the files changed since this container's last checkpoint on this host are read,
+// layer/capture-store.ts, the index of what was read kept in layer/capture-index.ts), and the
+// manifest is written LAST — a checkpoint exists only once its manifest does; the capture indexes
+// are saved only after it. A retried command finds the manifest and answers it again instead of
+// capturing twice.
 // Restore: validate the manifest, check it fits this host (same base image id, same proven bridge
 // version), check it is the stored one; then VALIDATE every member's layer (one streaming pass per
 // layer: every chunk digest, the whole-layer digest and every tar header against the configured
@@ -17,6 +20,7 @@ import { decideStopCleanliness } from '../core/clean-stop.ts';
 import {
   ManifestError,
   checkManifestCompatible,
+  layerDigestKind,
   serializeCheckpointManifest,
   type CheckpointManifest as CoreManifest,
   type CheckpointMember,
@@ -31,10 +35,11 @@ import type { WorkerConnection } from '../store/nats-auth.ts';
 import { CommandError, failed, refused } from './command-error.ts';
 import { DEFAULT_LAYER_RESTORE_SETTINGS, type LayerRestoreSettings } from './config.ts';
 import type { GroupOps } from './group-ops.ts';
+import { CaptureIndexStore, type CaptureIndex } from './layer/capture-index.ts';
 import { ChunkCache } from './layer/chunk-cache.ts';
 import { restoreFailureOf } from './layer/errors.ts';
 import { extractVerifiedLayer, storeLayer, verifyLayer, type FetchLayerOptions, type VerifiedLayer } from './layer/layer-transfer.ts';
-import { CHECKPOINT_MANIFEST_SCHEMA_VERSION, coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
+import { coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
 import { discoverSessionFiles } from './session-discovery.ts';
 import { NATIVE_SESSION_LAYOUTS, SESSION_HOMES } from '../core/native-session-layout.ts';
@@ -57,7 +62,7 @@ export interface CheckpointOpsDeps {
   /** Where the chunk publish/fetch worker threads connect (their own connections); none = inline. */
   readonly workerConnection?: WorkerConnection | undefined;
   readonly logger?: Logger | undefined;
-  /** Layer limits and chunk cache (config.ts layerRestoreSettingsOf); default: every config default. */
+  /** Layer limits, chunk cache, manifest version and capture indexes (config.ts layerRestoreSettingsOf); default: every config default. */
   readonly layerRestore?: LayerRestoreSettings | undefined;
 }
 
@@ -82,8 +87,15 @@ function sameManifest(a: CoreManifest, b: CoreManifest): boolean {
 
 export class CheckpointOps {
   private cache: Promise<ChunkCache | undefined> | undefined;
+  private readonly indexes: CaptureIndexStore;
 
-  constructor(private readonly deps: CheckpointOpsDeps) {}
+  constructor(private readonly deps: CheckpointOpsDeps) {
+    this.indexes = new CaptureIndexStore(this.layerRestore.indexDir ?? DEFAULT_LAYER_RESTORE_SETTINGS.indexDir!);
+  }
+
+  private get manifestVersion(): 1 | 2 {
+    return this.layerRestore.manifestVersion ?? 1;
+  }
 
   private get layerRestore(): LayerRestoreSettings {
     return this.deps.layerRestore ?? DEFAULT_LAYER_RESTORE_SETTINGS;
@@ -171,11 +183,24 @@ export class CheckpointOps {
       const upper = await runtime.upperDir(c.id);
       prepared.push({ spec, kind, upper, sessionPaths: await this.#sessionFiles(spec.memberId, core, spec.savedLocator, spec.nativeSessionPaths, upper) });
     }
+    const version = this.manifestVersion;
+    const indexes: { memberId: string; index: CaptureIndex }[] = [];
     for (const { spec, kind, upper, sessionPaths } of prepared) {
       const t0 = this.deps.nowMs();
-      const stored = await storeLayer(upper, store, this.deps.workerConnection ? { publishWorker: this.deps.workerConnection } : {}).catch((err: unknown) => {
+      const containerId = containers.get(spec.memberId)!.id;
+      // What this container's last checkpoint on this host read (a hint: none means a full read).
+      const previous = version === 2 ? await this.indexes.load(cmd.groupId, spec.memberId, containerId) : undefined;
+      const stored = await storeLayer(upper, store, {
+        schemaVersion: version,
+        previous,
+        containerId,
+        fullCaptureEvery: this.layerRestore.fullCaptureEvery,
+        ...(this.deps.workerConnection ? { publishWorker: this.deps.workerConnection } : {}),
+      }).catch((err: unknown) => {
         throw failed(err instanceof LayerRuleError ? 'layer_refused' : 'capture_failed', `capture of member ${spec.memberId}: ${(err as Error).message}`, err);
       });
+      if (version === 2) indexes.push({ memberId: spec.memberId, index: stored.index });
+      this.deps.logger?.info({ groupId: cmd.groupId, memberId: spec.memberId, ...stored.capture, storedBytes: stored.stats.storedBytes, layerBytes: stored.stats.bytes }, 'member layer captured');
       this.deps.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.deps.nowMs() - t0) / 1000);
       this.deps.metrics.checkpointBytes.inc({ kind: 'layer' }, stored.stats.bytes);
       this.deps.metrics.checkpointBytes.inc({ kind: 'stored' }, stored.stats.storedBytes);
@@ -196,7 +221,7 @@ export class CheckpointOps {
       this.assertFrozen(memberId, now, cs.stoppedAtUnixMs);
     }
     const manifest: CoreManifest = {
-      schemaVersion: CHECKPOINT_MANIFEST_SCHEMA_VERSION,
+      schemaVersion: version,
       checkpointId: cmd.checkpointId,
       groupId: cmd.groupId,
       placementGeneration: generation,
@@ -216,6 +241,12 @@ export class CheckpointOps {
     } catch (err) {
       if (err instanceof ManifestError) throw refused(err.reason, err.message);
       throw failed('manifest_write_failed', `writing the manifest: ${(err as Error).message}`, err);
+    }
+    // Only now may the next capture rely on these layers: their chunks are named by a manifest.
+    for (const { memberId, index } of indexes) {
+      await this.indexes.save(cmd.groupId, memberId, index, this.deps.nowMs()).catch((err: unknown) => {
+        this.deps.logger?.warn({ err, groupId: cmd.groupId, memberId }, 'capture index not saved; the next checkpoint reads the whole layer');
+      });
     }
     this.deps.metrics.checkpointDuration.observe({ phase: 'checkpoint' }, (this.deps.nowMs() - started) / 1000);
     return toWireManifest(manifest, extras(entryCounts));
@@ -289,6 +320,7 @@ export class CheckpointOps {
 
     const t0 = this.deps.nowMs();
     const layerOptions: FetchLayerOptions = {
+      digestOf: layerDigestKind(manifest.schemaVersion),
       limits: this.layerRestore.limits,
       cache: await this.chunkCache(),
       ...(this.deps.workerConnection ? { fetchWorker: this.deps.workerConnection } : {}),

@@ -32,6 +32,15 @@ export const DEFAULT_MEMBER_COMMAND = ['/bin/sh', '-c', "trap 'exit 0' TERM; whi
 /** Under the system temp dir: the chart mounts a writable volume there (the root file system is read-only). */
 const DEFAULT_LAYER_CACHE_DIR = join(tmpdir(), 'sandboxfleet-chunk-cache');
 const DEFAULT_LAYER_CACHE_MAX_BYTES = 1024 ** 3;
+/** Next to the chunk cache: the capture indexes (host-agent/layer/capture-index.ts). */
+const DEFAULT_LAYER_INDEX_DIR = join(tmpdir(), 'sandboxfleet-layer-index');
+/**
+ * The manifest schema version checkpoints are written in. 1 until the control plane verifies
+ * version-2 layer digests (they cover the chunk list, not the tar bytes: core/checkpoint-manifest.ts);
+ * only version 2 lets a checkpoint reuse the chunks of unchanged files without reading them.
+ */
+const DEFAULT_LAYER_MANIFEST_VERSION = 1;
+const DEFAULT_LAYER_FULL_CAPTURE_EVERY = 10;
 
 export const HostAgentConfigSchema = z
   .object({
@@ -100,6 +109,16 @@ export const HostAgentConfigSchema = z
     layerCacheDir: z.string().min(1).default(DEFAULT_LAYER_CACHE_DIR),
     /** Bytes the chunk cache keeps at most (least recently used evicted first); 0 = no cache (the extraction pass fetches again). */
     layerCacheMaxBytes: z.coerce.number().int().min(0).max(2 ** 50).default(DEFAULT_LAYER_CACHE_MAX_BYTES),
+    /**
+     * Schema version of the checkpoint manifests this agent writes (it reads both). 2: a checkpoint
+     * reads only the files that changed since the last one of the same container on this host
+     * (layer/capture-store.ts); 1: every checkpoint reads the whole layer.
+     */
+    layerManifestVersion: z.coerce.number().int().min(1).max(2).default(DEFAULT_LAYER_MANIFEST_VERSION),
+    /** Where the per-container capture indexes are kept (a hint: lost or damaged ones mean a full read). */
+    layerIndexDir: z.string().min(1).default(DEFAULT_LAYER_INDEX_DIR),
+    /** Every Nth checkpoint of a container reads the whole layer anyway, in case a file's stat lied (1: always). */
+    layerFullCaptureEvery: z.coerce.number().int().min(1).max(1000).default(DEFAULT_LAYER_FULL_CAPTURE_EVERY),
   })
   .refine((c) => c.defaultStopGraceMs <= c.maxStopGraceMs, { message: 'defaultStopGraceMs must be ≤ maxStopGraceMs', path: ['defaultStopGraceMs'] });
 
@@ -156,6 +175,9 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     layerMaxNameBytesTotal: env.SANDBOXFLEET_LAYER_MAX_NAME_BYTES_TOTAL,
     layerCacheDir: env.SANDBOXFLEET_LAYER_CACHE_DIR,
     layerCacheMaxBytes: env.SANDBOXFLEET_LAYER_CACHE_MAX_BYTES,
+    layerManifestVersion: env.SANDBOXFLEET_LAYER_MANIFEST_VERSION,
+    layerIndexDir: env.SANDBOXFLEET_LAYER_INDEX_DIR,
+    layerFullCaptureEvery: env.SANDBOXFLEET_LAYER_FULL_CAPTURE_EVERY,
   };
   // Empty strings mean "unset" for env vars.
   for (const [k, v] of Object.entries(raw)) if (v === '' || v === undefined) delete raw[k];
@@ -167,21 +189,41 @@ export function natsAuthOf(config: Pick<HostAgentConfig, 'hostId' | 'natsCredsFi
   return { credsFile: config.natsCredsFile, caFile: config.natsCaFile, inboxPrefix: hostInboxPrefix(config.hostId) };
 }
 
-/** What restore needs from the configuration: the layer limits and the chunk cache (checkpoint-ops.ts). */
+/**
+ * What checkpoint and restore need from the configuration (checkpoint-ops.ts): the layer limits and
+ * the chunk cache (restore); the manifest version and the capture indexes (checkpoint).
+ */
 export interface LayerRestoreSettings {
   readonly limits: LayerLimits;
   readonly cacheDir: string;
   /** 0: no cache. */
   readonly cacheMaxBytes: number;
+  /** Manifest schema version written (1 or 2); 2 lets checkpoints read only what changed. */
+  readonly manifestVersion?: 1 | 2;
+  readonly indexDir?: string;
+  readonly fullCaptureEvery?: number;
 }
 
-export function layerRestoreSettingsOf(config: Pick<HostAgentConfig, 'layerMaxEntries' | 'layerMaxBytes' | 'layerMaxNameBytesTotal' | 'layerCacheDir' | 'layerCacheMaxBytes'>): LayerRestoreSettings {
+type LayerConfig = Pick<HostAgentConfig, 'layerMaxEntries' | 'layerMaxBytes' | 'layerMaxNameBytesTotal' | 'layerCacheDir' | 'layerCacheMaxBytes'> &
+  Partial<Pick<HostAgentConfig, 'layerManifestVersion' | 'layerIndexDir' | 'layerFullCaptureEvery'>>;
+
+export function layerRestoreSettingsOf(config: LayerConfig): LayerRestoreSettings {
   return {
     limits: layerLimits({ maxEntries: config.layerMaxEntries, maxLayerBytes: config.layerMaxBytes, maxNameBytesTotal: config.layerMaxNameBytesTotal }),
     cacheDir: config.layerCacheDir,
     cacheMaxBytes: config.layerCacheMaxBytes,
+    manifestVersion: config.layerManifestVersion === 2 ? 2 : 1,
+    indexDir: config.layerIndexDir ?? DEFAULT_LAYER_INDEX_DIR,
+    fullCaptureEvery: config.layerFullCaptureEvery ?? DEFAULT_LAYER_FULL_CAPTURE_EVERY,
   };
 }
 
 /** The settings an agent gets when its configuration is not passed down (every default). */
-export const DEFAULT_LAYER_RESTORE_SETTINGS: LayerRestoreSettings = Object.freeze({ limits: DEFAULT_LAYER_LIMITS, cacheDir: DEFAULT_LAYER_CACHE_DIR, cacheMaxBytes: DEFAULT_LAYER_CACHE_MAX_BYTES });
+export const DEFAULT_LAYER_RESTORE_SETTINGS: LayerRestoreSettings = Object.freeze({
+  limits: DEFAULT_LAYER_LIMITS,
+  cacheDir: DEFAULT_LAYER_CACHE_DIR,
+  cacheMaxBytes: DEFAULT_LAYER_CACHE_MAX_BYTES,
+  manifestVersion: DEFAULT_LAYER_MANIFEST_VERSION,
+  indexDir: DEFAULT_LAYER_INDEX_DIR,
+  fullCaptureEvery: DEFAULT_LAYER_FULL_CAPTURE_EVERY,
+});

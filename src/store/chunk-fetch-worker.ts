@@ -2,7 +2,11 @@
 // Why: restore is CPU-bound in the NATS client's receive path (it assembles each ~512 KiB message
 // from 64 KiB socket reads), on the same thread that parses the layer and feeds `tar -x`. On its own
 // thread the fetch overlaps with parsing and extraction. Every chunk's size and sha256 are still
-// checked (in the worker) before its bytes reach the restore, which checks the whole-layer digest.
+// checked (in the worker) before its bytes reach the restore. Bounded: at most `maxInFlight` direct
+// gets outstanding and `aheadChunks` verified chunks delivered ahead of the consumer.
+// Pooled (issue #17): starting a worker and its connection costs 50-200 ms (measured here), a
+// large part of restoring a small layer, so one idle worker per connection is kept for IDLE_MS
+// (unref'd); a job that failed or was abandoned terminates its worker instead.
 //
 // The worker is plain CommonJS evaluated from a string (like sha256-pool.ts), so it runs the same
 // under node, tsx and vitest; it loads the NATS packages by absolute path resolved here.
@@ -27,22 +31,34 @@ export interface WorkerFetchOptions {
   readonly timeoutMs?: number;
 }
 
+const IDLE_MS = 30_000;
+
 const WORKER_SOURCE = `${WORKER_AUTH_SOURCE}
 const { parentPort, workerData } = require('node:worker_threads');
 const { createHash } = require('node:crypto');
 const transport = require(workerData.transportPath);
 const { connect } = transport;
 const { jetstreamManager } = require(workerData.jetstreamPath);
-const { refs, stream, maxInFlight, ahead, servers, timeoutMs } = workerData;
-let consumed = 0;
-let wake = null;
-parentPort.on('message', (m) => { if (m.op === 'consumed') { consumed = m.count; if (wake) { wake(); wake = null; } } });
-const fail = (reason, message) => parentPort.postMessage({ op: 'error', reason, message });
-(async () => {
-  let nc;
+const { servers, timeoutMs } = workerData;
+let nc = null;
+const ready = (async () => {
+  nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-fetch', timeout: timeoutMs });
+  return jetstreamManager(nc, { timeout: timeoutMs });
+})();
+ready.catch(() => undefined);
+// The job being served: its id, how many chunks the consumer has taken, and who waits for that.
+let job = null;
+parentPort.on('message', (m) => {
+  if (m.op === 'consumed' && job && job.id === m.id) { job.consumed = m.count; if (job.wake) { job.wake(); job.wake = null; } }
+  if (m.op === 'job') run(m);
+});
+const run = async (m) => {
+  const { id, refs, stream, maxInFlight, ahead } = m;
+  job = { id, consumed: 0, wake: null };
+  const j = job;
+  const fail = (reason, message) => parentPort.postMessage({ op: 'error', id, reason, message });
   try {
-    nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-fetch', timeout: timeoutMs });
-    const jsm = await jetstreamManager(nc, { timeout: timeoutMs });
+    const jsm = await ready;
     const get = (ref) => jsm.direct.getMessage(stream, { last_by_subj: 'sf.chunk.' + ref.digest.slice(7) });
     const window = [];
     let next = 0;
@@ -56,38 +72,42 @@ const fail = (reason, message) => parentPort.postMessage({ op: 'error', reason, 
       const data = msg.data;
       const digest = 'sha256:' + createHash('sha256').update(data).digest('hex');
       if (data.length !== ref.size || digest !== ref.digest) return fail('chunk_digest_mismatch', 'chunk ' + ref.digest + ' does not verify (got ' + data.length + ' bytes)');
-      while (i - consumed >= ahead) await new Promise((r) => { wake = r; });
+      while (i - j.consumed >= ahead) await new Promise((r) => { j.wake = r; });
       const own = new Uint8Array(data.length);
       own.set(data);
-      parentPort.postMessage({ op: 'chunk', index: i, data: own }, [own.buffer]);
+      parentPort.postMessage({ op: 'chunk', id, index: i, data: own }, [own.buffer]);
     }
-    parentPort.postMessage({ op: 'done' });
+    parentPort.postMessage({ op: 'done', id });
   } catch (err) {
     fail('transfer_failed', err && err.message ? err.message : String(err));
-  } finally {
-    if (nc) await nc.close().catch(() => undefined);
   }
-})();
+};
 `;
 
 type WorkerMessage =
-  | { op: 'chunk'; index: number; data: Uint8Array }
-  | { op: 'done' }
-  | { op: 'error'; reason: string; message: string };
+  | { op: 'chunk'; id: number; index: number; data: Uint8Array }
+  | { op: 'done'; id: number }
+  | { op: 'error'; id: number; reason: string; message: string };
 
-// The whole-layer digest stays on the consumer's thread: hashing it in the worker too made the
-// worker the bottleneck (measured: ~1.0 s versus ~0.88 s for a 200 MiB layer).
-/** Verified chunks in order, fetched on a worker thread (see the file header); abandoning the iteration stops it. */
-export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: WorkerFetchOptions): AsyncGenerator<Buffer> {
-  if (refs.length === 0) return;
-  const worker = new Worker(WORKER_SOURCE, {
+let idle: { key: string; worker: Worker; timer: NodeJS.Timeout } | undefined;
+let nextJob = 1;
+
+function connectionKey(options: WorkerFetchOptions): string {
+  return JSON.stringify([options.servers, options.auth ?? null, options.timeoutMs ?? 10_000]);
+}
+
+function acquire(options: WorkerFetchOptions, key: string): Worker {
+  if (idle !== undefined && idle.key === key) {
+    const { worker, timer } = idle;
+    idle = undefined;
+    clearTimeout(timer);
+    worker.ref();
+    return worker;
+  }
+  return new Worker(WORKER_SOURCE, {
     eval: true,
     name: 'sf-chunk-fetch',
     workerData: {
-      refs: refs.map((r) => ({ digest: r.digest, size: r.size })),
-      stream: options.stream,
-      maxInFlight: options.maxInFlight,
-      ahead: options.aheadChunks ?? 32,
       servers: typeof options.servers === 'string' ? options.servers : [...options.servers],
       auth: options.auth,
       timeoutMs: options.timeoutMs ?? 10_000,
@@ -95,6 +115,30 @@ export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: W
       jetstreamPath: require.resolve('@nats-io/jetstream'),
     },
   });
+}
+
+function release(worker: Worker, key: string, reusable: boolean): void {
+  if (!reusable || idle !== undefined) {
+    void worker.terminate();
+    return;
+  }
+  worker.unref();
+  const timer = setTimeout(() => {
+    if (idle?.worker === worker) idle = undefined;
+    void worker.terminate();
+  }, IDLE_MS);
+  timer.unref();
+  idle = { key, worker, timer };
+}
+
+// The whole-layer digest (of a version-1 layer) stays on the consumer's thread: hashing it in the
+// worker too made the worker the bottleneck (measured: ~1.0 s versus ~0.88 s for a 200 MiB layer).
+/** Verified chunks in order, fetched on a worker thread (see the file header); abandoning the iteration stops it. */
+export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: WorkerFetchOptions): AsyncGenerator<Buffer> {
+  if (refs.length === 0) return;
+  const key = connectionKey(options);
+  const worker = acquire(options, key);
+  const id = nextJob++;
   const queue: WorkerMessage[] = [];
   let notify: (() => void) | null = null;
   const push = (m: WorkerMessage): void => {
@@ -102,10 +146,17 @@ export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: W
     notify?.();
     notify = null;
   };
-  worker.on('message', push);
-  worker.on('error', (err: Error) => push({ op: 'error', reason: 'transfer_failed', message: err.message }));
-  worker.on('exit', (code) => push({ op: 'error', reason: 'transfer_failed', message: `chunk fetch worker exited (${code})` }));
+  const onMessage = (m: WorkerMessage): void => {
+    if (m.id === id) push(m);
+  };
+  const onError = (err: Error): void => push({ op: 'error', id, reason: 'transfer_failed', message: err.message });
+  const onExit = (code: number): void => push({ op: 'error', id, reason: 'transfer_failed', message: `chunk fetch worker exited (${code})` });
+  worker.on('message', onMessage);
+  worker.on('error', onError);
+  worker.on('exit', onExit);
+  let finished = false;
   try {
+    worker.postMessage({ op: 'job', id, refs: refs.map((r) => ({ digest: r.digest, size: r.size })), stream: options.stream, maxInFlight: options.maxInFlight, ahead: options.aheadChunks ?? 32 });
     let delivered = 0;
     for (;;) {
       while (queue.length === 0) await new Promise<void>((r) => (notify = r));
@@ -116,15 +167,19 @@ export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: W
       }
       if (m.op === 'done') {
         if (delivered !== refs.length) throw new ChunkStoreError('transfer_failed', `chunk fetch worker finished after ${delivered} of ${refs.length} chunks`);
+        finished = true;
         return;
       }
       if (m.index !== delivered) throw new ChunkStoreError('transfer_failed', `chunk ${m.index} arrived out of order (expected ${delivered})`);
       delivered += 1;
-      worker.postMessage({ op: 'consumed', count: delivered });
+      worker.postMessage({ op: 'consumed', id, count: delivered });
       yield Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength);
     }
   } finally {
-    worker.removeAllListeners('exit');
-    await worker.terminate();
+    worker.off('message', onMessage);
+    worker.off('error', onError);
+    worker.off('exit', onExit);
+    // Only a job that ran to its end leaves the worker idle and reusable.
+    release(worker, key, finished);
   }
 }

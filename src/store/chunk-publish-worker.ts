@@ -1,12 +1,18 @@
 // Hash, deduplicate and publish checkpoint chunks on a worker thread with its own NATS connection
-// (R-G3). Why: capture is CPU-bound on one thread (tar parsing, content-defined chunking, the
-// whole-layer digest, and the NATS client's publish path); moving the per-chunk sha256 and the
-// publishes to a second thread lets both cores work. Same storage contract as ChunkStore.put:
-// subject `sf.chunk.<hex>` on a write-once stream; put-if-absent (expected last subject sequence
-// 0); a stored copy counts only if its bytes are ours (other bytes: chunk_digest_mismatch, the chunk
-// was planted or damaged and cannot be replaced); no Nats-Msg-Id. The stream's name is learned
-// from the server's first publish answer (the stream that took or refused the chunk), so callers
-// need not pass it; from then on each chunk's stored copy is read before anything is uploaded.
+// (R-G3). Why: capture is CPU-bound on one thread (tar parsing, content-defined chunking, and the
+// NATS client's publish path); moving the per-chunk sha256 and the publishes to a second thread
+// lets both cores work. Same storage contract as ChunkStore.put: subject `sf.chunk.<hex>` on a
+// write-once stream; put-if-absent (expected last subject sequence 0); a stored copy counts only if
+// its bytes are ours (other bytes: chunk_digest_mismatch, the chunk was planted or damaged and
+// cannot be replaced); no Nats-Msg-Id. The stream's name is given by the caller (or else learned
+// from the server's first publish answer: the stream that took or refused the chunk); once known,
+// each chunk's stored copy is read before anything is uploaded.
+// An incremental capture also asks it whether the old chunks it reuses are still stored (a stream
+// info filtered to the chunk's subject: no chunk bytes move), so a manifest never names a chunk that
+// garbage collection removed; and a version-1 capture has it hash the whole layer in chunk order.
+// Pooled: starting a worker and its connection costs 50-200 ms (measured here), as much as a whole
+// incremental checkpoint, so one idle worker per connection is kept for IDLE_MS (unref'd: it never
+// keeps the process alive); a worker whose job failed is terminated, never reused.
 //
 // Plain CommonJS evaluated from a string (like chunk-fetch-worker.ts), loading the NATS packages
 // by absolute path, so it runs the same under node, tsx and vitest.
@@ -28,7 +34,13 @@ export interface WorkerPublishOptions {
   /** Chunks handed to the worker and not yet acknowledged (bounded memory). */
   readonly aheadChunks?: number;
   readonly timeoutMs?: number;
+  /** The chunk stream's name, when known (ChunkStore.chunkStream); needed for exists(). */
+  readonly stream?: string;
+  /** Also hash every chunk, in order, into a whole-layer sha256 (a version-1 layer digest). */
+  readonly hashLayer?: boolean;
 }
+
+const IDLE_MS = 30_000;
 
 const WORKER_SOURCE = `${WORKER_AUTH_SOURCE}
 const { parentPort, workerData } = require('node:worker_threads');
@@ -40,76 +52,97 @@ const WRONG_LAST_SEQUENCE = 10071;
 const WRONG_LAST_SEQUENCE_IN_FLIGHT = 10164;
 const STORE_FAILED = 10077;
 const PUT_ATTEMPTS = 3;
-const { servers, timeoutMs, maxInFlight } = workerData;
-const seen = new Set();
-const inflight = new Set();
+const { servers, timeoutMs } = workerData;
 let jsm = null;
 let nc = null;
-let failed = null;
-// The chunk stream, as named by the server's first publish answer; null until then.
-let stream = null;
+let broken = null;
 const ready = (async () => {
   nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-publish', timeout: timeoutMs });
   jsm = await jetstreamManager(nc, { timeout: timeoutMs });
 })();
-ready.catch((err) => { failed = failed || { reason: 'transfer_failed', message: String(err && err.message || err) }; });
+ready.catch((err) => { broken = { reason: 'transfer_failed', message: String(err && err.message || err) }; });
+// One job (one layer) at a time: begin resets this.
+let job = null;
 const refusal = (reason, message) => Object.assign(new Error(message), { reason });
 // Present already: the put-if-absent expectation failed, or the stream's one-message-per-subject limit refused it.
 const alreadyStored = (e) => e.err_code === WRONG_LAST_SEQUENCE || e.err_code === WRONG_LAST_SEQUENCE_IN_FLIGHT || (e.err_code === STORE_FAILED && /maximum messages per subject exceeded/i.test(String(e.description)));
 // A JetStream publish by hand, to read the answer's stream name even when the write is refused.
-const publishIfAbsent = async (subject, data) => {
+const publishIfAbsent = async (j, subject, data) => {
   const h = transport.headers();
   h.set('Nats-Expected-Last-Subject-Sequence', '0');
   const reply = await nc.request(subject, data, { timeout: timeoutMs, headers: h });
   const ack = JSON.parse(new TextDecoder().decode(reply.data));
-  if (typeof ack.stream === 'string' && ack.stream !== '') stream = ack.stream;
+  if (typeof ack.stream === 'string' && ack.stream !== '') j.stream = ack.stream;
   if (!ack.error) return true;
   if (alreadyStored(ack.error)) return false;
   throw new Error('publish refused: ' + ack.error.description + ' (' + ack.error.err_code + ')');
 };
 // Whether the subject holds exactly these bytes; false when empty; other bytes are a refusal (write-once).
-const holdsSame = async (subject, digest, data) => {
-  const msg = await jsm.direct.getMessage(stream, { last_by_subj: subject });
+const holdsSame = async (j, subject, digest, data) => {
+  const msg = await jsm.direct.getMessage(j.stream, { last_by_subj: subject });
   if (msg === null) return false;
   if (Buffer.from(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength).equals(Buffer.from(data.buffer, data.byteOffset, data.byteLength))) return true;
   throw refusal('chunk_digest_mismatch', 'chunk ' + digest + ' is already stored with other bytes (planted or damaged); chunks are write-once, so this digest cannot be stored until garbage collection removes that copy');
 };
-const storeChunk = async (digest, data) => {
+const storeChunk = async (j, digest, data) => {
   const subject = 'sf.chunk.' + digest.slice(7);
   for (let attempt = 0; attempt < PUT_ATTEMPTS; attempt++) {
-    if (stream !== null && (await holdsSame(subject, digest, data))) return false;
-    if (await publishIfAbsent(subject, data)) return true;
-    if (stream === null) break; // refused, and the answer named no stream to read the copy from
+    if (j.stream !== null && (await holdsSame(j, subject, digest, data))) return false;
+    if (await publishIfAbsent(j, subject, data)) return true;
+    if (j.stream === null) break; // refused, and the answer named no stream to read the copy from
   }
   throw refusal('transfer_failed', 'chunk ' + digest + ': the store reports it present but it could not be read back');
+};
+const track = (j, task) => {
+  const tracked = task.finally(() => j.inflight.delete(tracked));
+  j.inflight.add(tracked);
 };
 let chain = Promise.resolve();
 parentPort.on('message', (m) => {
   chain = chain.then(async () => {
+    if (m.op === 'begin') {
+      job = { seen: new Set(), inflight: new Set(), failed: broken, stream: m.stream || null, missing: [], hash: m.hashLayer ? createHash('sha256') : null, maxInFlight: m.maxInFlight };
+      return;
+    }
+    const j = job;
     if (m.op === 'flush') {
-      await Promise.all(inflight);
-      if (nc) await nc.close().catch(() => undefined);
-      parentPort.postMessage({ op: 'flushed', error: failed });
+      await Promise.all(j.inflight);
+      job = null;
+      parentPort.postMessage({ op: 'flushed', error: j.failed, missing: j.missing, layerDigest: j.hash ? 'sha256:' + j.hash.digest('hex') : null });
+      return;
+    }
+    if (m.op === 'exists') {
+      await ready.catch(() => undefined);
+      while (j.inflight.size >= j.maxInFlight) await Promise.race(j.inflight);
+      track(j, (async () => {
+        try {
+          if (j.failed) return;
+          if (j.stream === null) throw new Error('the chunk stream is not known');
+          const subject = 'sf.chunk.' + m.digest.slice(7);
+          const info = await jsm.streams.info(j.stream, { subjects_filter: subject });
+          if (!((info.state.subjects || {})[subject] > 0)) j.missing.push(m.index);
+        } catch (err) {
+          j.failed = j.failed || { reason: 'transfer_failed', message: String(err && err.message || err) };
+        }
+      })());
       return;
     }
     const data = m.data;
+    if (j.hash) j.hash.update(data);
     const digest = 'sha256:' + createHash('sha256').update(data).digest('hex');
-    if (failed) { parentPort.postMessage({ op: 'ack', index: m.index, digest, stored: false }); return; }
-    if (seen.has(digest)) { parentPort.postMessage({ op: 'ack', index: m.index, digest, stored: false }); return; }
-    seen.add(digest);
+    if (j.failed || j.seen.has(digest)) { parentPort.postMessage({ op: 'ack', index: m.index, digest, stored: false }); return; }
+    j.seen.add(digest);
     await ready.catch(() => undefined);
-    while (inflight.size >= maxInFlight) await Promise.race(inflight);
-    const task = (async () => {
+    while (j.inflight.size >= j.maxInFlight) await Promise.race(j.inflight);
+    track(j, (async () => {
       try {
-        const stored = await storeChunk(digest, data);
-        parentPort.postMessage({ op: 'ack', index: m.index, digest, stored, size: data.length });
+        const stored = await storeChunk(j, digest, data);
+        parentPort.postMessage({ op: 'ack', index: m.index, digest, stored });
       } catch (err) {
-        failed = failed || { reason: err && err.reason ? err.reason : 'transfer_failed', message: String(err && err.message || err) };
+        j.failed = j.failed || { reason: err && err.reason ? err.reason : 'transfer_failed', message: String(err && err.message || err) };
         parentPort.postMessage({ op: 'ack', index: m.index, digest, stored: false });
       }
-    })();
-    const tracked = task.finally(() => inflight.delete(tracked));
-    inflight.add(tracked);
+    })());
   });
 });
 `;
@@ -126,42 +159,99 @@ function toError(failure: WorkerFailure): ChunkStoreError {
   return new ChunkStoreError(reason, `chunk upload failed: ${failure.message}`);
 }
 
-type WorkerMessage = { op: 'ack'; index: number; digest: string; stored: boolean } | { op: 'flushed'; error: WorkerFailure | null };
+interface Flushed {
+  readonly error: WorkerFailure | null;
+  readonly missing: number[];
+  readonly layerDigest: string | null;
+}
 
-/** A ChunkWriter-like uploader whose hashing and publishing run on a worker thread. */
+type WorkerMessage = { op: 'ack'; index: number; digest: string; stored: boolean } | ({ op: 'flushed' } & Flushed);
+
+/** What a flushed writer reports. */
+export interface PublishResult {
+  /** The new chunks' refs, in the order they were put. */
+  readonly refs: ChunkRef[];
+  readonly stats: WriterStats;
+  /** The `exists()` checks (by their index) whose chunk is not in the store. */
+  readonly missing: readonly number[];
+  /** The whole-layer sha256 over every put chunk in order, with `hashLayer`; null otherwise. */
+  readonly layerDigest: string | null;
+}
+
+/** The idle worker kept for the next job on the same connection. */
+let idle: { key: string; worker: Worker; timer: NodeJS.Timeout } | undefined;
+
+function connectionKey(options: WorkerPublishOptions): string {
+  return JSON.stringify([options.servers, options.auth ?? null, options.timeoutMs ?? 10_000]);
+}
+
+function acquire(options: WorkerPublishOptions): Worker {
+  const key = connectionKey(options);
+  if (idle !== undefined && idle.key === key) {
+    const { worker, timer } = idle;
+    idle = undefined;
+    clearTimeout(timer);
+    worker.ref();
+    return worker;
+  }
+  return new Worker(WORKER_SOURCE, {
+    eval: true,
+    name: 'sf-chunk-publish',
+    workerData: {
+      servers: typeof options.servers === 'string' ? options.servers : [...options.servers],
+      auth: options.auth,
+      timeoutMs: options.timeoutMs ?? 10_000,
+      transportPath: require.resolve('@nats-io/transport-node'),
+      jetstreamPath: require.resolve('@nats-io/jetstream'),
+    },
+  });
+}
+
+function release(worker: Worker, key: string, reusable: boolean): void {
+  if (!reusable || idle !== undefined) {
+    void worker.terminate();
+    return;
+  }
+  worker.unref();
+  const timer = setTimeout(() => {
+    if (idle?.worker === worker) idle = undefined;
+    void worker.terminate();
+  }, IDLE_MS);
+  timer.unref();
+  idle = { key, worker, timer };
+}
+
+/** A ChunkWriter-like uploader whose hashing and publishing run on a (pooled) worker thread. */
 export class WorkerChunkWriter {
   readonly stats: WriterStats = { chunks: 0, bytes: 0, storedChunks: 0, storedBytes: 0 };
   readonly #worker: Worker;
+  readonly #key: string;
   readonly #ahead: number;
   readonly #refs: (ChunkRef | undefined)[] = [];
   readonly #sizes: number[] = [];
   #acked = 0;
+  #checks = 0;
   #failure: Error | null = null;
   #wake: (() => void) | null = null;
-  #flushed: ((error: WorkerFailure | null) => void) | null = null;
+  #flushed: ((m: Flushed) => void) | null = null;
+  #done = false;
+  readonly #onMessage = (m: WorkerMessage): void => this.#handle(m);
+  readonly #onError = (err: Error): void => this.#fail(err);
+  readonly #onExit = (code: number): void => this.#fail(new Error(`chunk publish worker exited (${code})`));
 
   constructor(options: WorkerPublishOptions) {
     this.#ahead = options.aheadChunks ?? 32;
-    this.#worker = new Worker(WORKER_SOURCE, {
-      eval: true,
-      name: 'sf-chunk-publish',
-      workerData: {
-        servers: typeof options.servers === 'string' ? options.servers : [...options.servers],
-        auth: options.auth,
-        timeoutMs: options.timeoutMs ?? 10_000,
-        maxInFlight: options.maxInFlight,
-        transportPath: require.resolve('@nats-io/transport-node'),
-        jetstreamPath: require.resolve('@nats-io/jetstream'),
-      },
-    });
-    this.#worker.on('message', (m: WorkerMessage) => this.#onMessage(m));
-    this.#worker.on('error', (err: Error) => this.#fail(err));
-    this.#worker.on('exit', (code) => this.#fail(new Error(`chunk publish worker exited (${code})`)));
+    this.#key = connectionKey(options);
+    this.#worker = acquire(options);
+    this.#worker.on('message', this.#onMessage);
+    this.#worker.on('error', this.#onError);
+    this.#worker.on('exit', this.#onExit);
+    this.#worker.postMessage({ op: 'begin', stream: options.stream ?? null, hashLayer: options.hashLayer === true, maxInFlight: options.maxInFlight });
   }
 
-  #onMessage(m: WorkerMessage): void {
+  #handle(m: WorkerMessage): void {
     if (m.op === 'flushed') {
-      this.#flushed?.(m.error);
+      this.#flushed?.(m);
       return;
     }
     const size = this.#sizes[m.index] ?? 0;
@@ -179,7 +269,7 @@ export class WorkerChunkWriter {
     this.#failure ??= err;
     this.#wake?.();
     this.#wake = null;
-    this.#flushed?.({ reason: 'transfer_failed', message: err.message });
+    this.#flushed?.({ error: { reason: 'transfer_failed', message: err.message }, missing: [], layerDigest: null });
   }
 
   /** Hand a chunk to the worker (copied: the caller may reuse its memory); waits only for room. */
@@ -195,27 +285,47 @@ export class WorkerChunkWriter {
     while (!this.#failure && index - this.#acked >= this.#ahead) await new Promise<void>((r) => (this.#wake = r));
   }
 
-  /** Wait for every upload; the refs in submission order, or the first failure. Stops the worker. */
-  async flush(): Promise<{ refs: ChunkRef[]; stats: WriterStats }> {
+  /**
+   * Ask whether a chunk (one this writer does not upload: an old chunk an incremental capture
+   * reuses) is still stored; flush() lists the `index` of each one that is not.
+   */
+  exists(digest: string): number {
+    if (this.#failure) throw new ChunkStoreError('transfer_failed', `chunk check failed: ${this.#failure.message}`);
+    const index = this.#checks++;
+    this.#worker.postMessage({ op: 'exists', index, digest });
+    return index;
+  }
+
+  /** Wait for every upload and check; the refs in submission order, or the first failure. Releases the worker. */
+  async flush(): Promise<PublishResult> {
+    let ok = false;
     try {
-      const error = await new Promise<WorkerFailure | null>((resolve) => {
+      const done = await new Promise<Flushed>((resolve) => {
         this.#flushed = resolve;
-        if (this.#failure) resolve({ reason: 'transfer_failed', message: this.#failure.message });
+        if (this.#failure) resolve({ error: { reason: 'transfer_failed', message: this.#failure.message }, missing: [], layerDigest: null });
         else this.#worker.postMessage({ op: 'flush' });
       });
-      if (error !== null) throw toError(error);
+      if (done.error !== null) throw toError(done.error);
       const refs = this.#refs.slice(0, this.#sizes.length);
       if (refs.length !== this.#sizes.length || refs.some((r) => r === undefined)) throw new ChunkStoreError('transfer_failed', 'chunk upload ended with unacknowledged chunks');
-      return { refs: refs as ChunkRef[], stats: this.stats };
+      ok = true;
+      return { refs: refs as ChunkRef[], stats: this.stats, missing: done.missing, layerDigest: done.layerDigest };
     } finally {
-      this.#worker.removeAllListeners('exit');
-      await this.#worker.terminate();
+      this.#finish(ok);
     }
   }
 
-  /** Stop without waiting (capture failed). */
+  /** Stop without waiting (capture failed): the worker is terminated, not reused. */
   async abort(): Promise<void> {
-    this.#worker.removeAllListeners('exit');
-    await this.#worker.terminate();
+    this.#finish(false);
+  }
+
+  #finish(reusable: boolean): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.#worker.off('message', this.#onMessage);
+    this.#worker.off('error', this.#onError);
+    this.#worker.off('exit', this.#onExit);
+    release(this.#worker, this.#key, reusable && this.#failure === null);
   }
 }

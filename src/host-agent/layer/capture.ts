@@ -1,12 +1,15 @@
-// Capture a container's writable layer (its overlay upper dir) as a portable OCI layer tar (R-G3).
-// GNU tar walks the tree at C speed and gives modes, owners, symlinks, hard links, empty dirs and
-// xattrs; this module rewrites its stream into OCI form on the fly: 0/0 char devices (overlay
-// whiteouts) become `.wh.<name>` files, `trusted.overlay.opaque=y` dirs get a `.wh..wh..opq`
-// entry, other overlay-private xattrs are dropped. Every emitted entry passes the same
-// LayerValidator that restore uses, so a checkpoint that could not be restored fails here, early.
-// The layer is hashed (sha256) while streaming; nothing is written to disk.
+// Capture of a container's writable layer (its overlay upper dir) as a portable OCI layer tar (R-G3).
+// GNU tar reads the entries at C speed and gives modes, owners, symlinks, hard links, empty dirs and
+// xattrs; it is handed an explicit list of names (walk.ts: the order `tar --sort=name` would use),
+// all of them for a full capture, only those that changed for an incremental one (incremental.ts).
+// This module rewrites tar's stream into OCI form on the fly: 0/0 char devices (overlay whiteouts)
+// become `.wh.<name>` files, `trusted.overlay.opaque=y` dirs get a `.wh..wh..opq` entry, other
+// overlay-private xattrs are dropped, and every header is re-encoded in one fixed form (sorted
+// xattrs, no user/group names) so an unchanged entry always gives the same bytes. Every emitted
+// entry passes the same LayerValidator that restore uses, so a checkpoint that could not be restored
+// fails here, early. The output is structured per entry (header, data, tail) so the caller knows
+// where each entry's record lies in the layer.
 import { spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import {
   DEFAULT_LAYER_LIMITS,
   LayerValidator,
@@ -18,116 +21,124 @@ import {
   normalizeEntryPath,
   parentOf,
   whiteoutName,
+  type LayerEntryType,
   type LayerLimits,
 } from '../../core/layer-rules.ts';
 import { LayerTransferError } from './errors.ts';
 import { END_OF_ARCHIVE, TarParser, dataPadding, encodeHeader, type TarHeader, type TarSink } from './tar-format.ts';
+import { tarName, walkUpperDir } from './walk.ts';
 
-export interface CaptureOptions {
-  readonly limits?: LayerLimits;
-  /** GNU tar binary; default `tar` from PATH. */
-  readonly tarPath?: string;
-  /**
-   * Hash the emitted layer here (default true). storeLayer with `offThreadHash` turns it off and
-   * hashes the same bytes, chunk by chunk in order, on a worker thread instead (sha256-pool.ts).
-   */
-  readonly hashLayer?: boolean;
-}
-
-export interface CapturedLayer {
-  /** `sha256:<hex>` of the emitted OCI layer tar; null when `hashLayer` was false. */
-  readonly digest: string | null;
+/** One tar entry as emitted in OCI form. */
+export interface CapturedEntry {
+  /** Normalized name of the entry tar read (for a whiteout: the deleted name). */
+  readonly source: string;
+  /** Normalized name of the emitted entry (for a whiteout: the `.wh.` name). */
+  readonly name: string;
+  readonly type: LayerEntryType;
+  /** Data bytes following the header (regular files only). */
   readonly size: number;
-  readonly entries: number;
+  readonly linkName?: string;
+  /** The source entry carried xattrs (any, overlay ones included). */
+  readonly xattrs: boolean;
+  /** The overlay form was rewritten (a whiteout, or an opaque directory with its marker entry). */
+  readonly converted: boolean;
 }
 
-export interface LayerCapture {
-  /** The OCI layer tar, in pieces; consume it fully (or return early to abort the walk). */
-  readonly stream: AsyncIterable<Buffer>;
-  /** Resolves after the stream is fully consumed and tar exited cleanly. */
-  readonly done: Promise<CapturedLayer>;
-}
+/** The OCI stream, per source entry: its header bytes, its data, then its tail (padding, opaque marker). */
+export type CaptureEvent = { readonly kind: 'head'; readonly entry: CapturedEntry; readonly bytes: Buffer } | { readonly kind: 'data'; readonly bytes: Buffer } | { readonly kind: 'tail'; readonly bytes: Buffer };
 
 /** Overlay xattrs that change what a path means; a layer tar cannot express them. */
 const UNSUPPORTED_OVERLAY_XATTRS = ['trusted.overlay.redirect', 'trusted.overlay.metacopy'];
+const EMPTY = Buffer.alloc(0);
 
-/** GNU tar arguments: POSIX format (ustar + PAX only), all xattrs, numeric ids, stable order. */
+/**
+ * GNU tar arguments: POSIX format (ustar + PAX only), all xattrs, numeric ids, exactly the listed
+ * names (NUL-separated on stdin, never taken for options) relative to the upper dir. 64 KiB records:
+ * fewer writes into the pipe than the default 10 KiB (measured: ~15% less capture time).
+ */
 export function captureTarArgs(upperDir: string): string[] {
-  return ['--create', '--file=-', '--format=posix', '--xattrs', '--xattrs-include=*', '--numeric-owner', '--sort=name', '--one-file-system', '--directory', upperDir, '.'];
+  return ['--create', '--file=-', '--blocking-factor=128', '--format=posix', '--xattrs', '--xattrs-include=*', '--numeric-owner', '--no-recursion', '--directory', upperDir, '--null', '--verbatim-files-from', '--files-from=-'];
 }
 
 /** Rewrites overlay-form entries to OCI form, validating each before it is emitted. */
 export class OverlayToOci implements TarSink {
-  readonly out: Buffer[] = [];
+  readonly events: CaptureEvent[] = [];
   private dataSize = 0;
+  private marker: Buffer | null = null;
 
   constructor(private readonly validator: LayerValidator) {}
+
+  /** The emitted bytes so far, flat (what a consumer that needs no structure reads). */
+  get out(): Buffer[] {
+    return this.events.map((e) => e.bytes);
+  }
 
   entry(h: TarHeader): void {
     const path = normalizeEntryPath(h.name, this.validator.limits);
     for (const name of UNSUPPORTED_OVERLAY_XATTRS) {
       if (h.xattrs.has(name)) throw new LayerTransferError('unsupported_overlay_feature', `${path} carries ${name}; metacopy/redirect_dir upper dirs cannot be captured`);
     }
+    this.dataSize = h.type === 'file' ? h.size : 0;
+    this.marker = null;
+    const xattrs = h.xattrs.size > 0;
     if (h.type === 'char-device' && h.devMajor === 0 && h.devMinor === 0 && path !== '.') {
       // Overlay whiteout → OCI whiteout. Mode is meaningless for whiteouts; fix it for stable bytes.
-      this.emit({ ...h, name: joinPath(parentOf(path), whiteoutName(baseNameOf(path))), type: 'file', size: 0, mode: 0o600, devMajor: 0, devMinor: 0, xattrs: new Map() });
+      const name = joinPath(parentOf(path), whiteoutName(baseNameOf(path)));
+      const bytes = this.encode({ ...h, name, type: 'file', size: 0, mode: 0o600, devMajor: 0, devMinor: 0, xattrs: new Map() });
+      this.events.push({ kind: 'head', entry: { source: path, name, type: 'file', size: 0, xattrs, converted: true }, bytes });
       return;
     }
     const opaque = h.type === 'directory' && h.xattrs.get(OVERLAY_OPAQUE_XATTR)?.toString('latin1') === 'y';
-    const xattrs = new Map([...h.xattrs].filter(([name]) => !name.startsWith(OVERLAY_XATTR_PREFIX)));
+    const kept = new Map([...h.xattrs].filter(([name]) => !name.startsWith(OVERLAY_XATTR_PREFIX)));
     const linkName = h.type === 'hardlink' && h.linkName !== undefined ? normalizeEntryPath(h.linkName, this.validator.limits) : h.linkName;
-    const header: TarHeader = { ...h, name: path, xattrs };
+    const header: TarHeader = { ...h, name: path, xattrs: kept };
     if (linkName !== undefined) header.linkName = linkName;
-    this.emit(header);
-    this.dataSize = h.type === 'file' ? h.size : 0;
-    if (opaque) this.emit({ ...h, name: joinPath(path, OPAQUE_WHITEOUT), type: 'file', size: 0, mode: 0o600, xattrs: new Map(), linkName: undefined });
+    const bytes = this.encode(header);
+    const entry: CapturedEntry = { source: path, name: path, type: h.type, size: this.dataSize, xattrs, converted: opaque, ...(linkName !== undefined ? { linkName } : {}) };
+    this.events.push({ kind: 'head', entry, bytes });
+    if (opaque) this.marker = this.encode({ ...h, name: joinPath(path, OPAQUE_WHITEOUT), type: 'file', size: 0, mode: 0o600, xattrs: new Map(), linkName: undefined });
   }
 
   data(slice: Buffer): void {
-    this.out.push(slice);
+    this.events.push({ kind: 'data', bytes: slice });
   }
 
   entryEnd(): void {
-    if (this.dataSize > 0) this.out.push(dataPadding(this.dataSize));
+    const padding = this.dataSize > 0 ? dataPadding(this.dataSize) : EMPTY;
+    this.events.push({ kind: 'tail', bytes: this.marker === null ? padding : Buffer.concat([padding, this.marker]) });
     this.dataSize = 0;
+    this.marker = null;
   }
 
-  private emit(h: TarHeader): void {
+  private encode(h: TarHeader): Buffer {
     const admitted = { name: h.name, type: h.type, size: h.type === 'file' ? h.size : 0, xattrNames: [...h.xattrs.keys()] };
     this.validator.admit(h.linkName !== undefined ? { ...admitted, linkName: h.linkName } : admitted);
     if (h.linkName === undefined) delete h.linkName;
-    this.out.push(encodeHeader(h));
+    return encodeHeader(h);
   }
 }
 
-/**
- * Start capturing `upperDir`. The container must be stopped: a file changing under tar fails the
- * capture (`capture_failed`) rather than producing a torn layer.
- */
-export function captureLayer(upperDir: string, options: CaptureOptions = {}): LayerCapture {
-  let resolve!: (layer: CapturedLayer) => void;
-  let reject!: (err: unknown) => void;
-  const done = new Promise<CapturedLayer>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  done.catch(() => undefined); // the stream consumer sees the same error
-  const stream = generate(upperDir, options, resolve, reject);
-  return { stream, done };
+export interface TarRun {
+  /** tar's output (a tar stream), to be consumed fully or abandoned with `return()`. */
+  readonly stdout: AsyncIterable<Buffer>;
+  /** Resolves once tar exited 0 (after stdout ended); rejects with `capture_failed` otherwise. */
+  readonly done: Promise<void>;
+  /** Stop tar (the capture failed elsewhere). */
+  kill(): void;
 }
 
-async function* generate(upperDir: string, options: CaptureOptions, resolve: (l: CapturedLayer) => void, reject: (e: unknown) => void): AsyncGenerator<Buffer> {
-  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
-  const validator = new LayerValidator(limits);
-  const sink = new OverlayToOci(validator);
-  const parser = new TarParser(sink, limits.maxPaxHeaderBytes);
-  const hash = options.hashLayer === false ? null : createHash('sha256');
-  let size = 0;
-  const child = spawn(options.tarPath ?? 'tar', captureTarArgs(upperDir), { stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Run GNU tar over `names` (tar list form, walk.ts tarName) in `upperDir`. The container must be
+ * stopped: a file changing under tar fails the capture (`capture_failed`) rather than producing a
+ * torn layer.
+ */
+export function runTar(upperDir: string, names: readonly Buffer[], tarPath = 'tar'): TarRun {
+  const child = spawn(tarPath, captureTarArgs(upperDir), { stdio: ['pipe', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.setEncoding('utf8').on('data', (s: string) => {
     if (stderr.length < 8192) stderr += s;
   });
+  child.stdin.on('error', () => undefined); // EPIPE when tar dies early; its exit status reports it
   const exited = new Promise<number | null>((res) => {
     child.on('close', (code) => res(code));
     child.on('error', (err) => {
@@ -135,32 +146,60 @@ async function* generate(upperDir: string, options: CaptureOptions, resolve: (l:
       res(null);
     });
   });
-  let finished = false;
-  try {
-    for await (const input of child.stdout as AsyncIterable<Buffer>) {
-      parser.push(input);
-      for (const piece of sink.out) {
-        hash?.update(piece);
-        size += piece.length;
-        yield piece;
-      }
-      sink.out.length = 0;
+  // The list goes in while tar's output is read (a long list must not wait for a full pipe).
+  void (async () => {
+    const nul = Buffer.alloc(1);
+    for (const name of names) {
+      if (!child.stdin.write(Buffer.concat([name, nul]))) await new Promise<void>((r) => child.stdin.once('drain', () => r()));
+      if (child.exitCode !== null) return;
     }
-    const code = await exited;
+    child.stdin.end();
+  })();
+  const done = exited.then((code) => {
     if (code !== 0) throw new LayerTransferError('capture_failed', `tar of ${upperDir} exited ${String(code)}: ${stderr.trim()}`);
-    parser.end();
-    hash?.update(END_OF_ARCHIVE);
-    size += END_OF_ARCHIVE.length;
-    yield END_OF_ARCHIVE;
-    finished = true;
-    resolve({ digest: hash === null ? null : `sha256:${hash.digest('hex')}`, size, entries: validator.entryCount });
-  } catch (err) {
-    reject(err);
-    throw err;
-  } finally {
-    if (!finished) {
+  });
+  done.catch(() => undefined); // the consumer awaits it
+  return {
+    stdout: child.stdout as AsyncIterable<Buffer>,
+    done,
+    kill: () => {
       if (child.exitCode === null) child.kill('SIGKILL');
-      reject(new LayerTransferError('capture_failed', 'capture abandoned before the end of the layer'));
+    },
+  };
+}
+
+export interface CaptureOptions {
+  readonly limits?: LayerLimits;
+  /** GNU tar binary; default `tar` from PATH. */
+  readonly tarPath?: string;
+}
+
+/**
+ * The whole layer of `upperDir` as one OCI tar stream, nothing stored: a full capture's bytes
+ * (what storeLayer chunks), for tools and measurements. Resolves `entries` at the end.
+ */
+export async function* captureLayer(upperDir: string, options: CaptureOptions = {}): AsyncGenerator<Buffer, { entries: number; size: number }> {
+  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
+  const walk = await walkUpperDir(upperDir, limits.maxEntries);
+  const validator = new LayerValidator(limits);
+  const sink = new OverlayToOci(validator);
+  const parser = new TarParser(sink, limits.maxPaxHeaderBytes);
+  const tar = runTar(upperDir, walk.map((e) => tarName(e.key)), options.tarPath);
+  let size = 0;
+  try {
+    for await (const piece of tar.stdout) {
+      parser.push(piece);
+      for (const e of sink.events) {
+        size += e.bytes.length;
+        yield e.bytes;
+      }
+      sink.events.length = 0;
     }
+    await tar.done;
+    parser.end();
+  } finally {
+    tar.kill();
   }
+  yield END_OF_ARCHIVE;
+  return { entries: validator.entryCount, size: size + END_OF_ARCHIVE.length };
 }

@@ -80,6 +80,11 @@ export class FastCdcChunker {
     this.buf = this.slab.subarray(0, maxSize);
   }
 
+  /** Bytes pushed since the last cut (0: the next byte starts a chunk, as at the start of a stream). */
+  get pending(): number {
+    return this.fill;
+  }
+
   push(input: Uint8Array): Buffer[] {
     const out: Buffer[] = [];
     let pos = 0;

@@ -19,6 +19,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
 import { mkdir, readdir, rename, rmdir } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
+import type { LayerDigestKind } from '../../core/checkpoint-manifest.ts';
 import { DEFAULT_LAYER_LIMITS, LayerRuleError, LayerValidator, OVERLAY_OPAQUE_XATTR, maxLayerStreamBytes, type LayerLimits } from '../../core/layer-rules.ts';
 import { LayerTransferError } from './errors.ts';
 import { WORKER_PASSES } from './layer-workers.ts';
@@ -27,6 +28,12 @@ import { END_OF_ARCHIVE, TarParser, dataPadding, encodeHeader, type TarHeader, t
 export interface ExpectedLayer {
   readonly digest: string;
   readonly size: number;
+  /**
+   * What `digest` covers (core/checkpoint-manifest.ts layerDigestKind): the tar bytes (default),
+   * hashed here while scanning; or the chunk list, which the caller checked before fetching (every
+   * chunk is verified by its own digest as it arrives), so the scan checks the size only.
+   */
+  readonly digestOf?: LayerDigestKind;
 }
 
 /** A running whole-layer sha256; default node:crypto here, or off-thread (sha256-pool.ts). */
@@ -158,7 +165,7 @@ export function checkDeclaredSize(expected: ExpectedLayer, limits: LayerLimits):
  * refused header (possibly before the digest is complete: nothing was trusted or written), or
  * LayerTransferError when size or digest differ from `expected`.
  */
-export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamHash = localStreamHash()): Promise<ScannedLayer> {
+export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamHash | null = job.expected.digestOf === 'chunk-list' ? null : localStreamHash()): Promise<ScannedLayer> {
   const { expected, limits } = job;
   checkDeclaredSize(expected, limits);
   const validator = new LayerValidator(limits);
@@ -169,17 +176,19 @@ export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamH
     for await (const input of chunks) {
       size += input.length;
       if (size > expected.size) throw new LayerTransferError('layer_size_mismatch', `layer is longer than the expected ${expected.size} bytes`);
-      hash.update(input);
+      hash?.update(input);
       parser.push(asBuffer(input));
     }
     if (size !== expected.size) throw new LayerTransferError('layer_size_mismatch', `layer has ${size} bytes, expected ${expected.size}`);
     digested = true;
-    const digest = await hash.digest();
-    if (digest !== expected.digest) throw new LayerTransferError('layer_digest_mismatch', `layer hashes to ${digest}, expected ${expected.digest}`);
+    if (hash !== null) {
+      const digest = await hash.digest();
+      if (digest !== expected.digest) throw new LayerTransferError('layer_digest_mismatch', `layer hashes to ${digest}, expected ${expected.digest}`);
+    }
     parser.end();
-    return { digest, size, entries: validator.entryCount };
+    return { digest: expected.digest, size, entries: validator.entryCount };
   } finally {
-    if (!digested) hash.abort?.();
+    if (!digested) hash?.abort?.();
   }
 }
 

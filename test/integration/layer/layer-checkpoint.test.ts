@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pack } from 'tar-stream';
 import { jetstream } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { serializeCheckpointManifest, type CheckpointManifest, type LayerRef } from '../../../src/core/checkpoint-manifest.ts';
+import { chunkListDigest, serializeCheckpointManifest, type CheckpointManifest, type LayerRef } from '../../../src/core/checkpoint-manifest.ts';
 import { LayerRuleError } from '../../../src/core/layer-rules.ts';
 import { LayerTransferError } from '../../../src/host-agent/layer/errors.ts';
 import { fetchLayer, storeLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
@@ -110,9 +110,14 @@ function xattrs(root: string): string {
   return execFileSync('getfattr', ['--no-dereference', '--dump', '--match=-', '--encoding=hex', '--recursive', '.'], { cwd: root, encoding: 'utf8' });
 }
 
+/** A layer whose (version-2) digest fits its chunk list: wrong chunks get past the list check to the chunk checks. */
+function consistent(layer: LayerRef): LayerRef {
+  return { ...layer, digest: chunkListDigest(layer.chunks) };
+}
+
 function manifestFor(groupId: string, checkpointId: string, layer: LayerRef): CheckpointManifest {
   return {
-    schemaVersion: 1,
+    schemaVersion: 2,
     checkpointId,
     groupId,
     placementGeneration: 1,
@@ -192,10 +197,10 @@ describe('layer checkpoint through the chunk store', () => {
     expect(xattrs(target)).toEqual(xattrs(upper));
 
     const bad = 'restored-fw-bad';
-    const swapped: LayerRef = { ...layer, chunks: [{ digest: layer.chunks[1]!.digest, size: layer.chunks[0]!.size }, ...layer.chunks.slice(1)] };
+    const swapped = consistent({ ...layer, chunks: [{ digest: layer.chunks[1]!.digest, size: layer.chunks[0]!.size }, ...layer.chunks.slice(1)] });
     expect(await reasonOf(fetchLayer(swapped, store, join(work, bad), { fetchWorker }))).toBe('chunk_digest_mismatch');
     expectNothingWritten(work, bad);
-    const missing: LayerRef = { ...layer, chunks: [...layer.chunks.slice(0, -1), { digest: `sha256:${'1'.repeat(64)}`, size: 10 }] };
+    const missing = consistent({ ...layer, chunks: [...layer.chunks.slice(0, -1), { digest: `sha256:${'1'.repeat(64)}`, size: 10 }] });
     expect(await reasonOf(fetchLayer(missing, store, join(work, bad), { fetchWorker }))).toBe('chunk_missing');
     expectNothingWritten(work, bad);
     // An unreachable server is a failed fetch, not corruption: the control plane retries elsewhere.
@@ -204,18 +209,25 @@ describe('layer checkpoint through the chunk store', () => {
     expect(await reasonOf(storeLayer(upper, store, { publishWorker: { servers: 'nats://127.0.0.1:1' } }))).toBe('transfer_failed');
   });
 
-  it('off-thread hashing gives the same layer and refuses the same corruption; the target may be a promise', async () => {
+  it('a version-1 capture (whole-tar digest) restores with off-thread hashing, refuses the same corruption; the target may be a promise', async () => {
     const upper = join(work, 'upper-w');
     buildUpperDir(upper);
-    const inline = await storeLayer(upper, store);
-    const off = await storeLayer(upper, store, { offThreadHash: true });
-    expect(off.layer).toEqual(inline.layer);
-    expect(off.stats.storedBytes).toBe(0);
+    const v2 = await storeLayer(upper, store);
+    const v1 = await storeLayer(upper, store, { schemaVersion: 1, publishWorker: { servers: nats.server.url } });
+    // The same bytes and chunks; only what the digest covers differs.
+    expect(v1.layer.chunks).toEqual(v2.layer.chunks);
+    expect(v1.layer.digest).toBe(sha256Digest(Buffer.concat(await collect(store.read(v1.layer.chunks)))));
+    expect(v1.capture.mode).toBe('full');
+    expect(v1.stats.storedBytes).toBe(0);
+    // A version-1 digest read as a version-2 one (or the reverse) is refused before anything is written.
+    expect(await reasonOf(fetchLayer(v1.layer, store, join(work, 'restored-w0')))).toBe('layer_digest_mismatch');
+    expect(await reasonOf(fetchLayer(v2.layer, store, join(work, 'restored-w0'), { digestOf: 'tar' }))).toBe('layer_digest_mismatch');
+    expectNothingWritten(work, 'restored-w0');
 
     // Fetches start before the target dir is known (a container being created), then extract.
     const target = join(work, 'restored-w');
     let resolveTarget!: (dir: string) => void;
-    const pending = fetchLayer(off.layer, store, new Promise<string>((r) => (resolveTarget = r)), { offThreadHash: true });
+    const pending = fetchLayer(v1.layer, store, new Promise<string>((r) => (resolveTarget = r)), { offThreadHash: true, digestOf: 'tar' });
     await new Promise((r) => setTimeout(r, 50));
     expect(readdirSync(work).filter((n) => n.includes('restored-w'))).toEqual([]);
     resolveTarget(target);
@@ -224,17 +236,17 @@ describe('layer checkpoint through the chunk store', () => {
     expect(xattrs(target)).toEqual(xattrs(upper));
 
     const name = 'restored-w2';
-    const wrongDigest: LayerRef = { ...off.layer, digest: `sha256:${'0'.repeat(64)}` };
-    expect(await reasonOf(fetchLayer(wrongDigest, store, join(work, name), { offThreadHash: true }))).toBe('layer_digest_mismatch');
+    const wrongDigest: LayerRef = { ...v1.layer, digest: `sha256:${'0'.repeat(64)}` };
+    expect(await reasonOf(fetchLayer(wrongDigest, store, join(work, name), { offThreadHash: true, digestOf: 'tar' }))).toBe('layer_digest_mismatch');
     expectNothingWritten(work, name);
-    const chunks = off.layer.chunks;
+    const chunks = v1.layer.chunks;
     if (chunks.length > 1) {
-      const swapped: LayerRef = { ...off.layer, chunks: [{ digest: chunks[1]!.digest, size: chunks[0]!.size }, ...chunks.slice(1)] };
-      expect(await reasonOf(fetchLayer(swapped, store, join(work, name), { offThreadHash: true }))).toBe('chunk_digest_mismatch');
+      const swapped: LayerRef = { ...v1.layer, chunks: [{ digest: chunks[1]!.digest, size: chunks[0]!.size }, ...chunks.slice(1)] };
+      expect(await reasonOf(fetchLayer(swapped, store, join(work, name), { offThreadHash: true, digestOf: 'tar' }))).toBe('chunk_digest_mismatch');
       expectNothingWritten(work, name);
     }
     // A target that never materialises (container create failed): nothing written, error surfaced.
-    await expect(fetchLayer(off.layer, store, Promise.reject(new Error('create failed')))).rejects.toThrow('create failed');
+    await expect(fetchLayer(v2.layer, store, Promise.reject(new Error('create failed')))).rejects.toThrow('create failed');
   });
 
   it('refuses a missing chunk, a wrong chunk, a wrong layer digest and a truncated blob, writing nothing', async () => {
@@ -249,13 +261,17 @@ describe('layer checkpoint through the chunk store', () => {
     expect(await reasonOf(fetchLayer(wrongDigest, store, join(work, target)))).toBe('layer_digest_mismatch');
     expectNothingWritten(work, target);
 
-    const swapped: LayerRef = { ...layer, chunks: [{ digest: layer.chunks[1]!.digest, size: layer.chunks[0]!.size }, ...layer.chunks.slice(1)] };
-    expect(await reasonOf(fetchLayer(swapped, store, join(work, target)))).toBe('chunk_digest_mismatch');
+    // A list that does not hash to the digest is refused before any fetch; a consistent list of
+    // the wrong chunks is refused by the chunk digests; a list cut short, by the tar's end.
+    const swappedList: LayerRef = { ...layer, chunks: [{ digest: layer.chunks[1]!.digest, size: layer.chunks[0]!.size }, ...layer.chunks.slice(1)] };
+    expect(await reasonOf(fetchLayer(swappedList, store, join(work, target)))).toBe('layer_digest_mismatch');
+    expect(await reasonOf(fetchLayer(consistent(swappedList), store, join(work, target)))).toBe('chunk_digest_mismatch');
     expectNothingWritten(work, target);
 
     const dropped = layer.chunks.slice(0, -1);
     const truncatedRef: LayerRef = { ...layer, size: dropped.reduce((n, c) => n + c.size, 0), chunks: dropped };
     expect(await reasonOf(fetchLayer(truncatedRef, store, join(work, target)))).toBe('layer_digest_mismatch');
+    expect(await reasonOf(fetchLayer(consistent(truncatedRef), store, join(work, target)))).toBe('malformed_tar');
     expectNothingWritten(work, target);
 
     // A blob cut short whose digest matches what arrived (e.g. a bad manifest): the tar is refused.
@@ -315,7 +331,7 @@ describe('layer checkpoint through the chunk store', () => {
     execFileSync('tar', ['-cf', '/dev/null', '-C', upper, '.']);
 
     let t = performance.now();
-    const first = await storeLayer(upper, store);
+    const first = await storeLayer(upper, store, { nowMs: () => Date.now() + 10_000 });
     const captureMs = performance.now() - t;
     await store.putManifest(manifestFor('big', 'cp1', first.layer));
 
@@ -328,8 +344,11 @@ describe('layer checkpoint through the chunk store', () => {
     }
     appendFileSync(jsonl, more.join(''));
     t = performance.now();
-    const second = await storeLayer(upper, store);
+    // Incremental: the index of the first capture (its clock moved past the racy margin, as a
+    // checkpoint seconds after the writes would see it) lets it read only the session file.
+    const second = await storeLayer(upper, store, { previous: first.index, nowMs: () => Date.now() + 10_000 });
     const secondMs = performance.now() - t;
+    expect(second.capture.mode).toBe('incremental');
     await store.putManifest(manifestFor('big', 'cp2', second.layer));
 
     t = performance.now();
@@ -341,7 +360,7 @@ describe('layer checkpoint through the chunk store', () => {
     console.log(
       `[layer bench] layer ${(first.layer.size / MiB).toFixed(1)} MiB in ${first.layer.chunks.length} chunks; ` +
         `capture+store ${captureMs.toFixed(0)} ms (${mbps(first.layer.size, captureMs)} MiB/s); ` +
-        `second checkpoint ${secondMs.toFixed(0)} ms, stored ${(second.stats.storedBytes / MiB).toFixed(2)} MiB ` +
+        `second (incremental) checkpoint ${secondMs.toFixed(0)} ms, read ${second.capture.readEntries} of ${second.capture.walkedEntries} entries, stored ${(second.stats.storedBytes / MiB).toFixed(2)} MiB ` +
         `(${((100 * second.stats.storedBytes) / first.stats.storedBytes).toFixed(2)}%); ` +
         `fetch+restore ${restoreMs.toFixed(0)} ms (${mbps(second.layer.size, restoreMs)} MiB/s)`,
     );

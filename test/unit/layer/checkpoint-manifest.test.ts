@@ -1,9 +1,13 @@
-// Checkpoint manifest parsing (R-G3, R-R4) and compatibility (R-G4).
+// Checkpoint manifest parsing (R-G3, R-R4) and compatibility (R-G4); both schema versions (issue #17:
+// version 2's layer digest covers the chunk list).
 import { describe, expect, it } from 'vitest';
 import {
   ManifestError,
   assertManifestCompatible,
   checkManifestCompatible,
+  chunkListDigest,
+  chunkListText,
+  layerDigestKind,
   parseCheckpointManifest,
   serializeCheckpointManifest,
   type CheckpointManifest,
@@ -82,7 +86,23 @@ describe('checkpoint manifest', () => {
       expect(reasonOf(() => parseCheckpointManifest(typeof value === 'string' ? value : JSON.stringify(value)))).toBe('manifest_invalid');
     }
     expect(reasonOf(() => parseCheckpointManifest(new Uint8Array([0xff, 0xfe])))).toBe('manifest_invalid');
-    expect(reasonOf(() => parseCheckpointManifest(JSON.stringify({ ...m, schemaVersion: 2 })))).toBe('manifest_unsupported_version');
+    for (const v of [0, 3, '2', null]) expect(reasonOf(() => parseCheckpointManifest(JSON.stringify({ ...m, schemaVersion: v })))).toBe('manifest_unsupported_version');
+  });
+
+  it('reads version 1 (tar digest, any value) and version 2 (digest of the chunk list, checked on parse)', () => {
+    const v1 = sampleManifest();
+    expect(layerDigestKind(1)).toBe('tar');
+    expect(layerDigestKind(2)).toBe('chunk-list');
+    const chunks = v1.members[0]!.layer.chunks;
+    expect(chunkListText(chunks)).toBe(`${D('b')} 100\n${D('c')} 200\n`);
+    const layer = { ...v1.members[0]!.layer, digest: chunkListDigest(chunks) };
+    const v2 = sampleManifest({ schemaVersion: 2, members: [{ ...v1.members[0]!, layer }] });
+    expect(parseCheckpointManifest(serializeCheckpointManifest(v2))).toEqual(v2);
+    expect(parseCheckpointManifest(serializeCheckpointManifest(v1))).toEqual(v1);
+    // A version-2 digest that is not the list's: refused before any chunk is fetched.
+    expect(reasonOf(() => parseCheckpointManifest(JSON.stringify({ ...v1, schemaVersion: 2 })))).toBe('manifest_invalid');
+    const reordered = { ...layer, chunks: [chunks[1]!, chunks[0]!] };
+    expect(reasonOf(() => parseCheckpointManifest(JSON.stringify(sampleManifest({ schemaVersion: 2, members: [{ ...v1.members[0]!, layer: reordered }] }))))).toBe('manifest_invalid');
   });
 
   it('checks the base image digest and bridge version of the target', () => {

@@ -1,0 +1,382 @@
+// Capture an upper dir into the chunk store, reading only what changed since the last capture of the
+// same upper dir on this host (issue #17, R-G3). Steps:
+//  1. walk.ts lists every entry with its lstat, in the archive's order;
+//  2. each entry is compared with the previous capture's index (capture-index.ts): an entry whose
+//     stat is unchanged (inode, mode, owner, links, size, mtime and ctime in ns) and that was
+//     reusable (nothing uncertain about it, see IndexEntry.reusable) keeps its old record unread;
+//     every other entry goes to GNU tar (capture.ts), in order;
+//  3. layer-assembler.ts chunks the new layer: old records are copied (old chunks reused while the
+//     chunker is aligned with them, old bytes fed where it is not), re-read entries are predicted
+//     at their old place (an append or an in-place edit reuses the old chunks its bytes still hash
+//     to) and fresh elsewhere. The layer is exactly what a full capture would give;
+//  4. new chunks go to the publish worker (hash, dedup, publish); every reused chunk is checked to
+//     still be in the store (garbage collection may have taken it): if one is gone the capture is
+//     redone in full. The returned index is for the next capture, to be saved once the manifest is.
+// A full capture is the same code with nothing to reuse: no index, another container or upper dir,
+// another chunk format, version-1 manifests (their digest hashes every byte), or every
+// `fullCaptureEvery`-th capture, which re-reads everything in case a stat lied.
+import { createHash } from 'node:crypto';
+import { MAX_CHUNK_BYTES, chunkListDigest, type ChunkRef, type LayerRef, type ManifestSchemaVersion } from '../../core/checkpoint-manifest.ts';
+import { DEFAULT_LAYER_LIMITS, LayerValidator, normalizeEntryPath, type LayerLimits } from '../../core/layer-rules.ts';
+import { ChunkStoreError, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
+import { WorkerChunkWriter } from '../../store/chunk-publish-worker.ts';
+import type { WorkerConnection } from '../../store/nats-auth.ts';
+import { OverlayToOci, runTar, type CaptureEvent, type CapturedEntry } from './capture.ts';
+import { CAPTURE_INDEX_VERSION, type CaptureIndex, type IndexEntry } from './capture-index.ts';
+import { LayerTransferError } from './errors.ts';
+import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
+import { LayerAssembler, oldLayerOf, type Emitted } from './layer-assembler.ts';
+import { END_OF_ARCHIVE, TarParser } from './tar-format.ts';
+import { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, keyText, tarName, walkUpperDir, type EntryStat, type WalkEntry } from './walk.ts';
+
+/**
+ * An entry changed this recently before the walk is not trusted next time even if its stat is
+ * unchanged: a write in the same timestamp tick (or second, on coarse file systems) as the stat we
+ * keep would leave that stat unchanged.
+ */
+export const RACY_MARGIN_NS = 2_000_000_000n;
+/** Default: every 10th capture of an upper dir reads everything. */
+export const DEFAULT_FULL_CAPTURE_EVERY = 10;
+
+export interface StoreLayerOptions {
+  readonly limits?: LayerLimits;
+  readonly chunker?: ChunkerOptions;
+  /** Chunk publishes outstanding at once. */
+  readonly maxInFlight?: number;
+  readonly tarPath?: string;
+  /** Hash and publish chunks on a worker thread with its own NATS connection (what the agent does). */
+  readonly publishWorker?: WorkerConnection;
+  /** 2 (default): chunk-list layer digest, chunks may be reused; 1: whole-tar digest, everything read. */
+  readonly schemaVersion?: ManifestSchemaVersion;
+  /** The index of this upper dir's previous capture (capture-index.ts); none: a full capture. */
+  readonly previous?: CaptureIndex | undefined;
+  /** Read everything when the previous index is this many captures past a full read (1: always). */
+  readonly fullCaptureEvery?: number;
+  /** The container whose upper dir this is (kept in the index: another container reuses nothing). */
+  readonly containerId?: string;
+  /** Wall clock in ms (the racy margin is measured from it); default Date.now. */
+  readonly nowMs?: () => number;
+}
+
+export interface CaptureReport {
+  readonly mode: 'full' | 'incremental';
+  /** Why a capture was full (or `incremental`). */
+  readonly reason: string;
+  readonly walkedEntries: number;
+  /** Entries given to tar (read), and records copied unread. */
+  readonly readEntries: number;
+  readonly reusedEntries: number;
+  /** Layer bytes in reused chunks not read at all, reused after hashing, and old bytes fetched to re-align the chunker. */
+  readonly reusedBytes: number;
+  readonly verifiedBytes: number;
+  readonly oldBytesRead: number;
+}
+
+export interface StoredLayer {
+  readonly layer: LayerRef;
+  readonly entries: number;
+  /** Totals, and what was actually uploaded (the rest was reused or deduplicated against the store). */
+  readonly stats: WriterStats;
+  readonly capture: CaptureReport;
+  /** The index for this upper dir's next capture: save it only once a manifest names this layer. */
+  readonly index: CaptureIndex;
+}
+
+/** Thrown inside a capture when reuse turned out impossible (an old chunk gone): redo it in full. */
+class ReuseUnavailable extends Error {}
+
+function formatOf(chunker: ChunkerOptions): string {
+  // Bump `tar` when encodeHeader or OverlayToOci change the bytes of an entry.
+  return `fastcdc-${chunker.minSize}-${chunker.avgSize}-${chunker.maxSize};tar-1`;
+}
+
+function sameStat(a: EntryStat, b: EntryStat): boolean {
+  return a.ino === b.ino && a.mode === b.mode && a.nlink === b.nlink && a.uid === b.uid && a.gid === b.gid && a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs;
+}
+
+interface Plan {
+  readonly mode: 'full' | 'incremental';
+  readonly reason: string;
+  readonly previous: CaptureIndex | undefined;
+  /** The previous record of each walked entry that is copied unread (undefined: read it). */
+  readonly reuse: (IndexEntry | undefined)[];
+}
+
+function plan(upperDir: string, walk: readonly WalkEntry[], options: StoreLayerOptions, format: string): Plan {
+  const previous = options.previous;
+  const full = (reason: string): Plan => ({ mode: 'full', reason, previous: undefined, reuse: walk.map(() => undefined) });
+  if ((options.schemaVersion ?? 2) === 1) return full('version-1 manifest (its digest hashes every byte)');
+  if (previous === undefined) return full('no index of a previous capture');
+  const root = walk[0]!.stat;
+  if (previous.version !== CAPTURE_INDEX_VERSION || previous.format !== format) return full('index of another chunk format');
+  if (previous.upperDir !== upperDir || previous.rootDev !== root.dev || previous.rootIno !== root.ino) return full('index of another upper dir');
+  if (options.containerId !== undefined && previous.containerId !== options.containerId) return full('index of another container');
+  if (previous.capturesSinceFull + 1 >= (options.fullCaptureEvery ?? DEFAULT_FULL_CAPTURE_EVERY)) return full('periodic full read');
+  const byKey = new Map(previous.entries.map((e) => [e.key, e]));
+  const reuse = walk.map((w) => {
+    const old = byKey.get(w.key);
+    return old !== undefined && old.reusable && w.stat.dev === root.dev && sameStat(old.stat, w.stat) ? old : undefined;
+  });
+  return { mode: 'incremental', reason: 'incremental', previous, reuse };
+}
+
+/** Where new chunks go and reused ones are checked: a publish worker, or this thread. */
+interface ChunkSink {
+  put(data: Buffer): Promise<void>;
+  exists(digest: string): number;
+  flush(): Promise<{ refs: ChunkRef[]; stats: WriterStats; missing: readonly number[]; layerDigest: string | null }>;
+  abort(): Promise<void>;
+}
+
+function inlineSink(store: ChunkStore, maxInFlight: number, hashLayer: boolean): ChunkSink {
+  const writer = store.writer(maxInFlight);
+  const refs: Promise<ChunkRef>[] = [];
+  const checks: Promise<boolean>[] = [];
+  const hash = hashLayer ? createHash('sha256') : null;
+  return {
+    async put(data) {
+      hash?.update(data);
+      const ref = writer.put(data);
+      ref.catch(() => undefined); // awaited in flush()
+      refs.push(ref);
+      await ref;
+    },
+    exists(digest) {
+      const p = store.has(digest);
+      p.catch(() => undefined);
+      checks.push(p);
+      return checks.length - 1;
+    },
+    async flush() {
+      const all = await Promise.all(refs);
+      const stats = await writer.flush();
+      const present = await Promise.all(checks);
+      return { refs: all, stats, missing: present.flatMap((ok, i) => (ok ? [] : [i])), layerDigest: hash === null ? null : `sha256:${hash.digest('hex')}` };
+    },
+    async abort() {
+      await Promise.allSettled([...refs, ...checks]);
+    },
+  };
+}
+
+/**
+ * Capture `upperDir` (incrementally against `options.previous` when it applies) and store its new
+ * chunks; returns the LayerRef for the manifest and the index for the next capture.
+ */
+export async function storeLayer(upperDir: string, store: ChunkStore, options: StoreLayerOptions = {}): Promise<StoredLayer> {
+  const chunker = options.chunker ?? DEFAULT_CHUNKER_OPTIONS;
+  if (chunker.maxSize > MAX_CHUNK_BYTES) throw new RangeError(`chunks above ${MAX_CHUNK_BYTES} bytes do not fit a NATS message`);
+  const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
+  const nowNs = BigInt(Math.floor((options.nowMs ?? Date.now)())) * 1_000_000n;
+  const walk = await walkUpperDir(upperDir, limits.maxEntries);
+  const format = formatOf(chunker);
+  const first = plan(upperDir, walk, options, format);
+  try {
+    return await capture(upperDir, store, walk, first, options, { chunker, limits, nowNs, format });
+  } catch (err) {
+    if (!(err instanceof ReuseUnavailable)) throw err;
+    const full: Plan = { mode: 'full', reason: `reuse failed: ${err.message}`, previous: undefined, reuse: walk.map(() => undefined) };
+    return capture(upperDir, store, walk, full, options, { chunker, limits, nowNs, format });
+  }
+}
+
+interface Settings {
+  readonly chunker: ChunkerOptions;
+  readonly limits: LayerLimits;
+  readonly nowNs: bigint;
+  readonly format: string;
+}
+
+/** An entry of the new layer as the next capture may reuse it. */
+function indexEntryOf(w: WalkEntry, start: number, dataStart: number, end: number, reusable: boolean, linkName: string | undefined): IndexEntry {
+  return { key: w.key, stat: w.stat, start, dataStart, end, reusable, ...(linkName !== undefined ? { linkName } : {}) };
+}
+
+/** Whether a re-read entry's record may be copied next time, should its stat stay the same. */
+function reusableNext(w: WalkEntry, e: CapturedEntry, rootDev: bigint, nowNs: bigint): boolean {
+  const s = w.stat;
+  const recent = s.mtimeNs + RACY_MARGIN_NS >= nowNs || s.ctimeNs + RACY_MARGIN_NS >= nowNs;
+  if (recent || e.xattrs || e.converted || s.dev !== rootDev) return false;
+  const type = s.mode & S_IFMT;
+  if (e.type === 'file') return type === S_IFREG && s.nlink === 1 && e.size === s.size;
+  if (e.type === 'directory') return type === S_IFDIR;
+  if (e.type === 'symlink') return type === S_IFLNK;
+  return false;
+}
+
+async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkEntry[], p: Plan, options: StoreLayerOptions, s: Settings): Promise<StoredLayer> {
+  const version = options.schemaVersion ?? 2;
+  const maxInFlight = options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT;
+  // The worker learns the chunk stream from its first publish's answer; an incremental capture
+  // names it at once (its checks of reused chunks may come before any publish).
+  const sink: ChunkSink = options.publishWorker
+    ? new WorkerChunkWriter({ servers: options.publishWorker.servers, auth: options.publishWorker.auth, maxInFlight, hashLayer: version === 1, ...(p.mode === 'incremental' ? { stream: store.chunkStream } : {}) })
+    : inlineSink(store, maxInFlight, version === 1);
+  const old = p.previous === undefined ? undefined : oldLayerOf(p.previous.layer.chunks);
+  /** The new layer's chunks in order: a new one (by its put order) or an old one (by index). */
+  const items: ({ readonly fresh: number } | { readonly old: number })[] = [];
+  const checked = new Set<number>();
+  let putCount = 0;
+  const emit = async (e: Emitted): Promise<void> => {
+    if (e.kind === 'new') {
+      items.push({ fresh: putCount++ });
+      await sink.put(e.data);
+      return;
+    }
+    items.push({ old: e.index });
+    if (!checked.has(e.index)) {
+      checked.add(e.index);
+      sink.exists(p.previous!.layer.chunks[e.index]!.digest);
+    }
+  };
+  const readOld = async (k: number): Promise<Buffer> => {
+    try {
+      return await store.get(p.previous!.layer.chunks[k]!);
+    } catch (err) {
+      if (err instanceof ChunkStoreError && (err.reason === 'chunk_missing' || err.reason === 'chunk_digest_mismatch')) throw new ReuseUnavailable(`old chunk ${k}: ${err.message}`);
+      throw err;
+    }
+  };
+  const assembler = new LayerAssembler(new FastCdcChunker(s.chunker), old, readOld, emit, s.chunker.maxSize);
+  const validator = new LayerValidator(s.limits);
+  const oci = new OverlayToOci(validator);
+  const parser = new TarParser(oci, s.limits.maxPaxHeaderBytes);
+  const rootDev = walk[0]!.stat.dev;
+  const entries: IndexEntry[] = [];
+  const toRead = walk.filter((_, i) => p.reuse[i] === undefined);
+  const tar = toRead.length > 0 ? runTar(upperDir, toRead.map((w) => tarName(w.key)), options.tarPath) : undefined;
+  let wi = 0;
+  let reusedEntries = 0;
+
+  /** Copy the records of the unchanged entries from walk[wi] on (runs of adjacent old records at once). */
+  const copyReused = async (): Promise<void> => {
+    while (wi < walk.length && p.reuse[wi] !== undefined) {
+      const first = p.reuse[wi]!;
+      const base = assembler.position;
+      let end = first.start;
+      while (wi < walk.length && p.reuse[wi] !== undefined && p.reuse[wi]!.start === end) {
+        const o = p.reuse[wi]!;
+        const w = walk[wi]!;
+        // Admitted again: the new layer as a whole must pass the same rules as any other.
+        const type = (w.stat.mode & S_IFMT) === S_IFDIR ? 'directory' : (w.stat.mode & S_IFMT) === S_IFLNK ? 'symlink' : 'file';
+        const name = normalizeEntryPath(keyText(w.key), s.limits);
+        validator.admit({ name, type, size: type === 'file' ? w.stat.size : 0, ...(o.linkName !== undefined ? { linkName: o.linkName } : {}) });
+        entries.push(indexEntryOf(w, base + (o.start - first.start), base + (o.dataStart - first.start), base + (o.end - first.start), true, o.linkName));
+        end = o.end;
+        wi += 1;
+        reusedEntries += 1;
+      }
+      await assembler.copy(first.start, end);
+    }
+  };
+
+  /** The re-read entry being written: where its record started and how its bytes map to the old record. */
+  let current: { w: WalkEntry; entry: CapturedEntry; start: number; dataStart: number; dataDone: number; head: number; prior: IndexEntry | undefined } | undefined;
+  const priorOf = p.previous === undefined ? new Map<string, IndexEntry>() : new Map(p.previous.entries.map((e) => [e.key, e]));
+
+  const onEvent = async (e: CaptureEvent): Promise<void> => {
+    if (e.kind === 'head') {
+      await copyReused();
+      const w = walk[wi];
+      if (w === undefined || normalizeEntryPath(keyText(w.key), s.limits) !== e.entry.source) {
+        throw new LayerTransferError('capture_failed', `tar archived ${e.entry.source}, expected ${w === undefined ? 'nothing more' : keyText(w.key)}`);
+      }
+      const prior = priorOf.get(w.key);
+      current = { w, entry: e.entry, start: assembler.position, dataStart: 0, dataDone: 0, head: e.bytes.length, prior };
+      // The header at the old record's place when it has the old header's length.
+      if (prior !== undefined && prior.dataStart - prior.start === e.bytes.length) await assembler.predicted(e.bytes, prior.start, sameSize(prior, e.entry) ? prior.end : prior.dataStart + Math.min(priorDataSize(prior), e.entry.size));
+      else await assembler.fresh(e.bytes);
+      current.dataStart = assembler.position;
+      return;
+    }
+    const c = current!;
+    const prior = c.prior;
+    if (e.kind === 'data') {
+      // File data at its old place (an append or an in-place edit keeps most of it there).
+      const oldSize = prior === undefined ? 0 : priorDataSize(prior);
+      const sameHead = prior !== undefined && prior.dataStart - prior.start === c.head;
+      const spanEnd = prior === undefined ? 0 : sameSize(prior, c.entry) && sameHead ? prior.end : prior.dataStart + Math.min(oldSize, c.entry.size);
+      let i = 0;
+      if (prior !== undefined && c.dataDone < oldSize) {
+        const n = Math.min(e.bytes.length, oldSize - c.dataDone);
+        await assembler.predicted(e.bytes.subarray(0, n), prior.dataStart + c.dataDone, spanEnd);
+        i = n;
+      }
+      if (i < e.bytes.length) await assembler.fresh(e.bytes.subarray(i));
+      c.dataDone += e.bytes.length;
+      return;
+    }
+    // Tail: padding (and an opaque dir's marker entry): at its old place when the size is unchanged.
+    if (prior !== undefined && sameSize(prior, c.entry) && prior.dataStart - prior.start === c.head) await assembler.predicted(e.bytes, prior.dataStart + c.entry.size, prior.end);
+    else await assembler.fresh(e.bytes);
+    const linkName = c.entry.type === 'symlink' ? c.entry.linkName : undefined;
+    entries.push(indexEntryOf(c.w, c.start, c.dataStart, assembler.position, reusableNext(c.w, c.entry, rootDev, s.nowNs), linkName));
+    current = undefined;
+    wi += 1;
+  };
+
+  try {
+    if (tar !== undefined) {
+      for await (const piece of tar.stdout) {
+        parser.push(piece);
+        for (const e of oci.events) await onEvent(e);
+        oci.events.length = 0;
+      }
+      await tar.done;
+      parser.end();
+    }
+    await copyReused();
+    if (wi !== walk.length) throw new LayerTransferError('capture_failed', `tar archived ${wi} of ${walk.length} entries`);
+    await assembler.fresh(END_OF_ARCHIVE);
+    await assembler.finish();
+  } catch (err) {
+    tar?.kill();
+    await sink.abort();
+    throw err;
+  }
+  const flushed = await sink.flush();
+  if (flushed.missing.length > 0) throw new ReuseUnavailable(`${flushed.missing.length} reused chunk(s) are no longer in the store`);
+  const chunks = items.map((it) => ('fresh' in it ? flushed.refs[it.fresh]! : p.previous!.layer.chunks[it.old]!));
+  const size = chunks.reduce((n, c) => n + c.size, 0);
+  if (size !== assembler.position) throw new LayerTransferError('capture_failed', `chunked ${size} bytes of a ${assembler.position}-byte layer`);
+  const digest = version === 1 ? flushed.layerDigest : chunkListDigest(chunks);
+  if (digest === null) throw new LayerTransferError('capture_failed', 'layer was not hashed');
+  const layer: LayerRef = { digest, size, chunks };
+  const root = walk[0]!.stat;
+  return {
+    layer,
+    entries: validator.entryCount,
+    stats: { chunks: chunks.length, bytes: size, storedChunks: flushed.stats.storedChunks, storedBytes: flushed.stats.storedBytes },
+    capture: {
+      mode: p.mode,
+      reason: p.reason,
+      walkedEntries: walk.length,
+      readEntries: toRead.length,
+      reusedEntries,
+      reusedBytes: assembler.stats.reusedBytes,
+      verifiedBytes: assembler.stats.verifiedBytes,
+      oldBytesRead: assembler.stats.oldBytesRead,
+    },
+    index: {
+      version: CAPTURE_INDEX_VERSION,
+      format: s.format,
+      containerId: options.containerId ?? '',
+      upperDir,
+      rootDev: root.dev,
+      rootIno: root.ino,
+      capturesSinceFull: p.mode === 'full' ? 0 : p.previous!.capturesSinceFull + 1,
+      layer,
+      entries,
+    },
+  };
+}
+
+/** Data bytes in an old record: a regular file's size (a directory's st_size is no data), within the record. */
+function priorDataSize(prior: IndexEntry): number {
+  return (prior.stat.mode & S_IFMT) === S_IFREG ? Math.min(prior.stat.size, prior.end - prior.dataStart) : 0;
+}
+
+/** The old record holds as much data as the new entry (none, for anything but files). */
+function sameSize(prior: IndexEntry, entry: CapturedEntry): boolean {
+  return priorDataSize(prior) === entry.size;
+}
