@@ -1,0 +1,482 @@
+// The survival scenario (issue 14 items 5, 6), shared by bench/survival/run.ts and
+// test/integration/control-plane/survival.test.ts: real nats-server, three real dockerd hosts, the
+// real host agent as a child process per host (so it can be SIGKILLed), one leading ControlPlane.
+// A seeded workload of conversations (one Claude Code member each) runs random turns with idle gaps
+// around idleStopAfter; each turn writes the conversation's native session file the way the CLI does
+// (one history line per turn, test/support/native-session.ts) and ends with an exit the runner saw
+// (`claude -p` per turn). Then the host holding the most groups dies:
+//   kill: without warning — its agent and dockerd SIGKILLed, its data root deleted, at a random moment;
+//   spot: a spot notice (the agent's notice file) with a deadline, the host dies at the deadline.
+// Afterwards every group of that host must be either restored with its session (the next turn is
+// RESTORED with the same locator and its session file holds every completed turn) or LOST with its
+// reason; the result says which, and whether it was protected (stopped cleanly with a checkpoint of
+// its state) at the moment of death.
+import { randomUUID } from 'node:crypto';
+import { rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type Docker from 'dockerode';
+import { ControlPlaneConfigSchema } from '../../src/config/control-plane.ts';
+import { CONTROL_PLANE_BUCKETS } from '../../src/control-plane/buckets.ts';
+import { ControlPlane } from '../../src/control-plane/control-plane.ts';
+import { CheckpointRecordSchema, GroupRecordSchema, type GroupRecord } from '../../src/control-plane/records.ts';
+import { Keys } from '../../src/control-plane/state.ts';
+import type { IdleStopAfter } from '../../src/core/idle-stop.ts';
+import { API_SHA } from '../../src/gen/api-sha.ts';
+import { silentLogger } from '../../src/observability/logger.ts';
+import { FleetMetrics } from '../../src/observability/metrics.ts';
+import { ChunkStore } from '../../src/store/chunk-store.ts';
+import { StateStore } from '../../src/store/connection.ts';
+import { TEST_AGENT_SHA, spawnAgent, type ChildAgent } from '../../test/support/agent.ts';
+import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
+import { startTestNats, type TestNats } from '../../test/support/nats.ts';
+import { nativeSessionPath, writeNativeSession } from '../../test/support/native-session.ts';
+import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
+
+const CLI = 'claude_code';
+/** A `claude -p` turn: the native turn ended, the process exited and the runner saw it exit. */
+const EXITED = { kind: 'result' as const, nativeTurnEnded: true, succeeded: true, cleanupFinished: true, transportUsable: true, locatorUsable: true, processExited: true, exitConfirmed: true };
+
+export interface SurvivalOptions {
+  readonly conversations: number;
+  /** The fleet's idle auto-stop (every conversation uses it). */
+  readonly idleStopAfterMs: IdleStopAfter;
+  /** How long the workload runs before the host dies (the moment is drawn in its second half). */
+  readonly workloadMs: number;
+  /** Idle gaps between a conversation's turns: uniform in [0, 2 × this] (around idleStopAfter). */
+  readonly meanGapMs: number;
+  /** A turn's own duration (the CLI working): uniform in [min, max]. */
+  readonly turnMs: readonly [number, number];
+  readonly seed: number;
+  readonly mode: 'kill' | 'spot';
+  /** Spot mode: the notice's length; the host dies at its end. */
+  readonly spotNoticeMs?: number;
+  /** Incompressible bytes written into each turn's layer (a CLI writing files), 0 for none. */
+  readonly bytesPerTurn?: number;
+  readonly log?: (line: string) => void;
+}
+
+export interface GroupOutcome {
+  readonly groupId: string;
+  readonly conversationId: string;
+  /** The runner's view at the death: a turn begun and not completed. */
+  readonly midTurn: boolean;
+  /** At the death: STOPPED clean with a checkpoint of its state (or MIGRATING). */
+  readonly protectedAtDeath: boolean;
+  readonly stateAtDeath: string;
+  /** Completed turns the runner saw before the death. */
+  readonly completedTurns: number;
+  readonly result: 'restored' | 'lost' | 'unsettled';
+  readonly lostReason?: string | undefined;
+  /** Restored: the next turn's context state and whether it resumed the same locator. */
+  readonly nextTurnContext?: string | undefined;
+  readonly sameLocator?: boolean | undefined;
+  /** Restored: history lines in the restored session file (one per completed turn). */
+  readonly restoredHistoryLines?: number | undefined;
+  readonly restoredOlderThanLastTurn?: boolean | undefined;
+}
+
+export interface SurvivalResult {
+  readonly mode: 'kill' | 'spot';
+  readonly idleStopAfterMs: IdleStopAfter;
+  readonly conversations: number;
+  readonly victim: string;
+  readonly groupsOnVictim: number;
+  readonly turnsCompleted: number;
+  readonly deathAfterMs: number;
+  readonly outcomes: readonly GroupOutcome[];
+  /** Restored / groups of the victim with no turn in flight at the death. */
+  readonly survivedFractionNotMidTurn: number;
+  readonly restoredOlderThanLastTurn: number;
+  /** Groups not mid-turn and not protected at the death (their save was still running, or idle time not reached). */
+  readonly unprotectedNotMidTurn: number;
+  /** Invariant breaches (empty when every group ended as it must). */
+  readonly violations: readonly string[];
+  /** Spot mode: what the host said at the notice's deadline. */
+  readonly spotSummary?: Record<string, unknown> | undefined;
+  /** BeginTurn latency: on a stopped group (start + attach) and on a running one, ms. */
+  readonly beginStoppedMs: readonly number[];
+  readonly beginRunningMs: readonly number[];
+}
+
+/** mulberry32: a small seeded PRNG (the workload must be replayable from its seed). */
+export function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs: number, everyMs = 200): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < end) {
+    try {
+      const v = await probe();
+      if (v !== undefined) return v;
+    } catch (err) {
+      last = err;
+    }
+    await sleep(everyMs);
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${String(last)}` : ''}`);
+}
+
+/** Lines of a file inside a running container (the native session's history), or -1. */
+async function historyLines(docker: Docker, containerId: string, path: string): Promise<number> {
+  const exec = await docker.getContainer(containerId).exec({ Cmd: ['/bin/sh', '-c', 'wc -l < "$1" 2>/dev/null || echo -1', 'sh', path], AttachStdout: true, AttachStderr: true });
+  const stream = await exec.start({});
+  const chunks: Buffer[] = [];
+  await new Promise<void>((resolve, reject) => {
+    stream.on('data', (c: Buffer) => chunks.push(c));
+    stream.on('end', () => resolve());
+    stream.on('error', reject);
+  });
+  // Docker's multiplexed frames: 8-byte headers before each payload.
+  const raw = Buffer.concat(chunks);
+  let out = '';
+  for (let i = 0; i + 8 <= raw.length;) {
+    const len = raw.readUInt32BE(i + 4);
+    out += raw.subarray(i + 8, i + 8 + len).toString('utf8');
+    i += 8 + len;
+  }
+  const n = Number.parseInt(out.trim(), 10);
+  return Number.isFinite(n) ? n : -1;
+}
+
+async function writeBytes(docker: Docker, containerId: string, bytes: number, turn: number): Promise<void> {
+  if (bytes <= 0) return;
+  const exec = await docker.getContainer(containerId).exec({ Cmd: ['/bin/sh', '-c', `mkdir -p /root/work && head -c ${bytes} /dev/urandom > /root/work/turn-${turn}.bin`], AttachStdout: true, AttachStderr: true });
+  const stream = await exec.start({});
+  await new Promise<void>((resolve, reject) => {
+    stream.on('end', () => resolve());
+    stream.on('error', reject);
+    stream.resume();
+  });
+}
+
+interface Conversation {
+  readonly conversationId: string;
+  readonly groupId: string;
+  locator: string | undefined;
+  completed: number;
+  inTurn: boolean;
+  /** Turns stop being started once set (the death, or the notice). */
+  frozen: boolean;
+}
+
+export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
+  const log = o.log ?? (() => undefined);
+  const rnd = prng(o.seed);
+  let nats: TestNats | undefined;
+  let hosts: DockerHost[] = [];
+  const agents = new Map<string, ChildAgent>();
+  let plane: ControlPlane | undefined;
+  const hostIds = ['host-a', 'host-b', 'host-c'];
+  try {
+    [nats, hosts] = await Promise.all([startTestNats(), startDockerHosts(3)]);
+    const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
+    const nc = await nats.connect('control-plane');
+    const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
+    const chunks = await ChunkStore.open(nc);
+    const config = ControlPlaneConfigSchema.parse({
+      heartbeatIntervalMs: 500, heartbeatTtlMs: 3_000, deadGraceMs: 2_000, stallThresholdMs: 5_000, reconcileIntervalMs: 250,
+      stopGraceMs: 5_000, turnWaitMs: 3_000, evacuationDeadlineMs: 120_000, agentCommandTimeoutMs: 60_000, leaderRenewMs: 1_000,
+      idleStopAfterMs: o.idleStopAfterMs, idleStopStartGraceMs: 2_000, idleStopsPerSecond: 50, idleStopParallelism: 8,
+      spotNoticeMs: o.spotNoticeMs ?? 30_000, migrationParallelism: 8,
+      allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId],
+    });
+    plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'survival-cp' });
+    await plane.start();
+    const cp = plane;
+    const groupsRepo = store.shardedRepository('groups', GroupRecordSchema);
+    const checkpoints = store.repository('checkpoints', CheckpointRecordSchema);
+    const group = async (id: string): Promise<GroupRecord> => (await groupsRepo.get(Keys.group(id)))!.value;
+    const dockerOf = new Map(hostIds.map((h, i) => [h, hosts[i]!.docker]));
+    const noticeFiles = new Map(hostIds.map((h, i) => [h, join(hosts[i]!.dir, 'reclaim-notice.json')]));
+    await Promise.all(hostIds.map(async (hostId, i) => {
+      agents.set(hostId, spawnAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, reclaimNoticeFile: noticeFiles.get(hostId)! } }));
+      await waitFor(`${hostId} READY`, async () => ((await cp.repos.hosts.get(Keys.host(hostId)))?.value.lifecycle.state === 'READY' ? true : undefined), 120_000);
+    }));
+    log(`fleet up: 3 hosts, idleStopAfter ${String(o.idleStopAfterMs)}`);
+
+    let k = 0;
+    const key = () => `sv-${o.seed}-${++k}`;
+    const convs: Conversation[] = [];
+    for (let i = 0; i < o.conversations; i++) {
+      const conversationId = `sv-${o.seed}-${i}`;
+      const { group: g } = await cp.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: CLI }] });
+      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, inTurn: false, frozen: false });
+    }
+    log(`${convs.length} conversations opened`);
+
+    const beginStoppedMs: number[] = [];
+    const beginRunningMs: number[] = [];
+    let turnsCompleted = 0;
+    const turn = async (c: Conversation): Promise<'ok' | 'failed'> => {
+      const before = cp.fleet.group(Keys.group(c.groupId))?.value.lifecycle.state;
+      c.inTurn = true;
+      try {
+        const t0 = performance.now();
+        const begun = await cp.runner.beginTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1' });
+        const ms = performance.now() - t0;
+        if (before === 'STOPPED') beginStoppedMs.push(ms);
+        else if (before === 'RUNNING') beginRunningMs.push(ms);
+        c.locator ??= randomUUID();
+        const docker = dockerOf.get(begun.hostId)!;
+        await writeNativeSession(docker, begun.containerId, CLI, c.locator);
+        await writeBytes(docker, begun.containerId, o.bytesPerTurn ?? 0, c.completed + 1);
+        await sleep(o.turnMs[0] + rnd() * (o.turnMs[1] - o.turnMs[0]));
+        await cp.runner.completeTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: c.locator, evidence: EXITED });
+        c.completed += 1;
+        turnsCompleted += 1;
+        c.inTurn = false;
+        return 'ok';
+      } catch {
+        // A turn cut off by the death stays "in flight" for the runner: it never completed.
+        return 'failed';
+      }
+    };
+
+    // The workload: every conversation alternates idle gaps and turns until it is frozen.
+    const started = Date.now();
+    const deathAt = started + o.workloadMs * (0.5 + 0.5 * rnd());
+    const loops = convs.map(async (c) => {
+      await sleep(rnd() * o.meanGapMs);
+      while (!c.frozen && Date.now() < deathAt + 60_000) {
+        if ((await turn(c)) === 'failed') return;
+        await sleep(rnd() * 2 * o.meanGapMs);
+      }
+    });
+
+    // The victim: the host holding the most groups when the moment comes.
+    const victimAt = o.mode === 'spot' ? deathAt - (o.spotNoticeMs ?? 30_000) : deathAt;
+    await sleep(Math.max(0, victimAt - Date.now()));
+    const counts = new Map(hostIds.map((h) => [h, cp.fleet.groupKeysOnHost(h).size]));
+    const victim = [...counts].sort((a, b) => b[1] - a[1])[0]![0];
+    const vi = hostIds.indexOf(victim);
+    const onVictim = new Set([...cp.fleet.groupKeysOnHost(victim)].map((key) => cp.fleet.group(key)?.value.groupId).filter((x): x is string => x !== undefined));
+    let spotSummary: Record<string, unknown> | undefined;
+    if (o.mode === 'spot') {
+      const noticeMs = o.spotNoticeMs ?? 30_000;
+      log(`spot notice to ${victim} (${onVictim.size} groups), ${noticeMs} ms`);
+      // The runner keeps working elsewhere; the victim's conversations start no new turn (they would be told to retry).
+      for (const c of convs) if (onVictim.has(c.groupId)) c.frozen = true;
+      await writeFile(noticeFiles.get(victim)!, JSON.stringify({ source: 'spot', deadlineUnixMs: Date.now() + noticeMs }));
+      await sleep(noticeMs);
+      spotSummary = cp.spot.summaryOf(victim) as Record<string, unknown> | undefined;
+    }
+
+    // The death: agent and dockerd SIGKILLed, data root deleted; no more turns anywhere.
+    const deathAfterMs = Date.now() - started;
+    agents.get(victim)!.kill('SIGKILL');
+    try {
+      process.kill(hosts[vi]!.pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    for (const c of convs) c.frozen = true;
+    const midTurn = new Set(convs.filter((c) => c.inTurn && onVictim.has(c.groupId)).map((c) => c.groupId));
+    // stop() reaps what the killed dockerd left (containerd, shims, container processes); destroy()
+    // unmounts its layers and deletes the data root with the rest of the host's directory.
+    await hosts[vi]!.stop();
+    await hosts[vi]!.destroy();
+    await rm(hosts[vi]!.dataRoot, { recursive: true, force: true });
+    // The state at the death: what the store says for each of the victim's groups (nothing on them
+    // can complete any more: their agent is gone).
+    const atDeath = new Map<string, { state: string; protected: boolean }>();
+    for (const id of onVictim) {
+      const g = await group(id);
+      const cpRec = g.latestCheckpointId === undefined ? undefined : (await checkpoints.get(Keys.checkpoint(id, g.latestCheckpointId)))?.value;
+      const prot = g.lifecycle.state === 'MIGRATING' || (g.lifecycle.state === 'STOPPED' && g.lifecycle.stop?.clean === true && cpRec?.activityVersion === g.lifecycle.activityVersion);
+      atDeath.set(id, { state: g.lifecycle.state, protected: prot });
+    }
+    log(`${victim} died after ${deathAfterMs} ms holding ${onVictim.size} groups (${midTurn.size} mid-turn, ${[...atDeath.values()].filter((s) => s.protected).length} protected)`);
+    await Promise.race([Promise.all(loops), sleep(30_000)]);
+
+    // Every group of the victim settles: restored elsewhere, or LOST.
+    const settled = new Map<string, GroupRecord>();
+    await waitFor('every group of the dead host settled', async () => {
+      for (const id of onVictim) {
+        if (settled.has(id)) continue;
+        const g = await group(id);
+        if (g.lifecycle.state === 'LOST' || (g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId !== victim && g.evacuation === undefined)) settled.set(id, g);
+      }
+      return settled.size === onVictim.size ? true : undefined;
+    }, 240_000, 500).catch((err: unknown) => log(String(err)));
+
+    const outcomes: GroupOutcome[] = [];
+    const violations: string[] = [];
+    for (const c of convs) {
+      if (!onVictim.has(c.groupId)) continue;
+      const d = atDeath.get(c.groupId)!;
+      const g = settled.get(c.groupId);
+      const base = { groupId: c.groupId, conversationId: c.conversationId, midTurn: midTurn.has(c.groupId), protectedAtDeath: d.protected, stateAtDeath: d.state, completedTurns: c.completed };
+      if (g === undefined) {
+        outcomes.push({ ...base, result: 'unsettled' });
+        violations.push(`${c.groupId}: not settled`);
+        continue;
+      }
+      if (g.lifecycle.state === 'LOST') {
+        outcomes.push({ ...base, result: 'lost', lostReason: g.lifecycle.lostReason });
+        if (g.lifecycle.lostReason === undefined) violations.push(`${c.groupId}: LOST without a reason`);
+        if (d.protected) violations.push(`${c.groupId}: protected at the death but LOST ${g.lifecycle.lostReason}`);
+        continue;
+      }
+      // Restored: the next turn resumes the same session, which holds every completed turn.
+      let nextTurnContext: string | undefined;
+      let sameLocator: boolean | undefined;
+      let lines: number | undefined;
+      try {
+        const begun = await cp.runner.beginTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1' });
+        nextTurnContext = begun.contextState;
+        sameLocator = c.locator === undefined ? begun.locator === undefined : begun.locator === c.locator;
+        if (c.locator !== undefined) lines = await historyLines(dockerOf.get(begun.hostId)!, begun.containerId, nativeSessionPath(CLI, c.locator));
+        if (c.locator !== undefined) await writeNativeSession(dockerOf.get(begun.hostId)!, begun.containerId, CLI, c.locator);
+        const locator = c.locator ?? randomUUID();
+        if (c.locator === undefined) await writeNativeSession(dockerOf.get(begun.hostId)!, begun.containerId, CLI, locator);
+        await cp.runner.completeTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: locator, evidence: EXITED });
+      } catch (err) {
+        violations.push(`${c.groupId}: restored, but its next turn failed: ${String(err)}`);
+      }
+      const older = lines !== undefined && lines < c.completed;
+      outcomes.push({ ...base, result: 'restored', nextTurnContext, sameLocator, restoredHistoryLines: lines, restoredOlderThanLastTurn: older });
+      if (older) violations.push(`${c.groupId}: restored with ${lines} of ${c.completed} completed turns`);
+      if (c.completed > 0 && nextTurnContext !== 'RESTORED') violations.push(`${c.groupId}: next turn ${nextTurnContext}, not RESTORED`);
+      if (sameLocator === false) violations.push(`${c.groupId}: next turn resumed another locator`);
+    }
+    const notMid = outcomes.filter((x) => !x.midTurn);
+    return {
+      mode: o.mode, idleStopAfterMs: o.idleStopAfterMs, conversations: convs.length, victim, groupsOnVictim: onVictim.size, turnsCompleted, deathAfterMs,
+      outcomes,
+      survivedFractionNotMidTurn: notMid.length === 0 ? 1 : notMid.filter((x) => x.result === 'restored').length / notMid.length,
+      restoredOlderThanLastTurn: outcomes.filter((x) => x.restoredOlderThanLastTurn === true).length,
+      unprotectedNotMidTurn: notMid.filter((x) => !x.protectedAtDeath).length,
+      violations, spotSummary, beginStoppedMs, beginRunningMs,
+    };
+  } finally {
+    for (const a of agents.values()) a.kill('SIGKILL');
+    await Promise.allSettled([...agents.values()].map((a) => a.exited));
+    await plane?.stop().catch(() => undefined);
+    await nats?.cleanup();
+    await destroyAll(hosts);
+  }
+}
+
+export interface SpotCapacityOptions {
+  readonly groups: number;
+  readonly mibPerGroup: number;
+  readonly noticeMs: number;
+  readonly log?: (line: string) => void;
+}
+
+export interface SpotCapacityResult {
+  readonly groups: number;
+  readonly mibPerGroup: number;
+  readonly noticeMs: number;
+  /** What the host said at the deadline (spot_evacuation_summary). */
+  readonly summary: Record<string, unknown> | undefined;
+  readonly savedBeforeDeadline: number;
+  /** Checkpoints of the groups taken within the notice (from the checkpoint index). */
+  readonly checkpointedWithinNotice: number;
+  /** Notice → every group saved (clean stop + checkpoint), ms; undefined if not all were. */
+  readonly allSavedMs: number | undefined;
+  /** Notice → every group restored on another host, ms. */
+  readonly allRestoredMs: number | undefined;
+  readonly bytesCheckpointed: number;
+}
+
+/**
+ * Spot evacuation capacity (item 6): `groups` RUNNING groups (idle auto-stop off), each with a native
+ * session file and `mibPerGroup` MiB of incompressible data in its layer, all on host-a; host-b and
+ * host-c READY; a spot notice of `noticeMs` on host-a. How many are clean-stopped and checkpointed
+ * off the host before the deadline.
+ */
+export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapacityResult> {
+  const log = o.log ?? (() => undefined);
+  let nats: TestNats | undefined;
+  let hosts: DockerHost[] = [];
+  const agents = new Map<string, ChildAgent>();
+  let plane: ControlPlane | undefined;
+  try {
+    [nats, hosts] = await Promise.all([startTestNats(), startDockerHosts(3)]);
+    const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
+    const nc = await nats.connect('control-plane');
+    const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
+    const chunks = await ChunkStore.open(nc);
+    const config = ControlPlaneConfigSchema.parse({
+      heartbeatIntervalMs: 500, heartbeatTtlMs: 5_000, deadGraceMs: 3_000, stallThresholdMs: 5_000, reconcileIntervalMs: 250,
+      stopGraceMs: 5_000, turnWaitMs: 3_000, evacuationDeadlineMs: 300_000, agentCommandTimeoutMs: 120_000, leaderRenewMs: 1_000,
+      idleStopAfterMs: 'never', spotNoticeMs: o.noticeMs, migrationParallelism: 4,
+      allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId],
+    });
+    plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'spot-cp' });
+    await plane.start();
+    const cp = plane;
+    const notice = join(hosts[0]!.dir, 'reclaim-notice.json');
+    const start = async (hostId: string, i: number) => {
+      agents.set(hostId, spawnAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, ...(i === 0 ? { reclaimNoticeFile: notice } : {}) } }));
+      await waitFor(`${hostId} READY`, async () => ((await cp.repos.hosts.get(Keys.host(hostId)))?.value.lifecycle.state === 'READY' ? true : undefined), 120_000);
+    };
+    await start('host-a', 0);
+    const ids: string[] = [];
+    let k = 0;
+    const key = () => `spot-${++k}`;
+    for (let i = 0; i < o.groups; i++) {
+      const { group: g } = await cp.runner.openGroup({ idempotencyKey: key(), conversationId: `spot-${i}`, members: [{ memberId: 'm1', cli: CLI }] });
+      const begun = await cp.runner.beginTurn({ idempotencyKey: key(), groupId: g.groupId, memberId: 'm1' });
+      const locator = randomUUID();
+      await writeNativeSession(hosts[0]!.docker, begun.containerId, CLI, locator);
+      await writeBytes(hosts[0]!.docker, begun.containerId, o.mibPerGroup * 1024 * 1024, 1);
+      await cp.runner.completeTurn({ idempotencyKey: key(), groupId: g.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: locator, evidence: EXITED });
+      ids.push(g.groupId);
+    }
+    await Promise.all([start('host-b', 1), start('host-c', 2)]);
+    log(`${ids.length} running groups × ${o.mibPerGroup} MiB on host-a; spot notice of ${o.noticeMs} ms`);
+    const noticeAt = Date.now();
+    await writeFile(notice, JSON.stringify({ source: 'spot', deadlineUnixMs: noticeAt + o.noticeMs }));
+    const groupsRepo = store.shardedRepository('groups', GroupRecordSchema);
+    const checkpoints = store.repository('checkpoints', CheckpointRecordSchema);
+    let allSavedMs: number | undefined;
+    const deadline = noticeAt + o.noticeMs;
+    while (Date.now() < deadline + 1_000) {
+      const s = cp.spot.summaryOf('host-a');
+      if (allSavedMs === undefined && s !== undefined && s.groups === ids.length && s.savedBeforeDeadline + s.savedAfterDeadline === ids.length) allSavedMs = (s.settledAtMs ?? Date.now()) - noticeAt;
+      await sleep(200);
+    }
+    const summary = cp.spot.summaryOf('host-a') as Record<string, unknown> | undefined;
+    let allRestoredMs: number | undefined;
+    try {
+      await waitFor('every group restored elsewhere', async () => {
+        const gs = await Promise.all(ids.map(async (id) => (await groupsRepo.get(Keys.group(id)))!.value));
+        return gs.every((g) => g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId !== 'host-a') ? true : undefined;
+      }, 600_000, 500);
+      allRestoredMs = Date.now() - noticeAt;
+    } catch (err) {
+      log(String(err));
+    }
+    let within = 0;
+    let bytes = 0;
+    for (const id of ids) {
+      const g = (await groupsRepo.get(Keys.group(id)))!.value;
+      const c = g.latestCheckpointId === undefined ? undefined : (await checkpoints.get(Keys.checkpoint(id, g.latestCheckpointId)))?.value;
+      if (c !== undefined && c.createdAtMs >= noticeAt && c.createdAtMs <= deadline) within += 1;
+      bytes += c?.totalBytes ?? 0;
+    }
+    return {
+      groups: ids.length, mibPerGroup: o.mibPerGroup, noticeMs: o.noticeMs, summary,
+      savedBeforeDeadline: Number(summary?.savedBeforeDeadline ?? 0), checkpointedWithinNotice: within, allSavedMs, allRestoredMs, bytesCheckpointed: bytes,
+    };
+  } finally {
+    for (const a of agents.values()) a.kill('SIGKILL');
+    await Promise.allSettled([...agents.values()].map((a) => a.exited));
+    await plane?.stop().catch(() => undefined);
+    await nats?.cleanup();
+    await destroyAll(hosts);
+  }
+}
