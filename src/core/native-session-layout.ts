@@ -10,7 +10,20 @@
 // checkpoint is refused (`session_files_missing`) and a group that must move is LOST with that
 // reason. Unverified layouts are used when they find something (the restore then proves it) and
 // never refuse: guessing wrong there would make every migration of that CLI LOST.
+//
+// OpenCode and Kilo keep their sessions in one SQLite database (`sqlite`): the layout names that
+// file, and the session is named and proven by the CLI's own session table, read read-only by the
+// agent (host-agent/sqlite-reader.ts): a row whose id is the locator and that has no parent (a Task
+// child session is never a member's locator).
 import type { CliKind } from './turn-end-evidence.ts';
+
+/** A session store that is a SQLite database: the row of `table` whose `idColumn` is the locator. */
+export interface SqliteSessionStore {
+  readonly table: string;
+  readonly idColumn: string;
+  /** A root session has NULL here. */
+  readonly parentColumn: string;
+}
 
 export interface NativeSessionLayout {
   /** The sessions directory, relative to the CLI user's home directory. */
@@ -23,6 +36,8 @@ export interface NativeSessionLayout {
   readonly enforced: boolean;
   /** Where the layout was verified (or why it is not). */
   readonly source: string;
+  /** Set when the session file is a SQLite database holding every session (depth 0, one file name). */
+  readonly sqlite?: SqliteSessionStore;
 }
 
 /** rollout-YYYY-MM-DDThh-mm-ss-<thread id>.jsonl: the fixed-width time makes the id unambiguous. */
@@ -58,21 +73,22 @@ export const NATIVE_SESSION_LAYOUTS: Readonly<Record<CliKind, NativeSessionLayou
     source: 'codex 0.171.0, run in a container (test/integration/cli-history/codex.test.ts)',
   },
   opencode: {
-    root: '.local/share/opencode/storage/session',
-    depth: 1,
-    isSessionFile: (name, locator) => name === `${locator}.json`,
-    enforced: false,
-    // Measured with opencode 1.18.33: sessions live in SQLite (~/.local/share/opencode/opencode.db,
-    // the session row only in opencode.db-wal until a checkpoint), which no file-name rule can
-    // prove; this JSON-file layout is that of older versions. Nothing is refused on it.
-    source: 'older OpenCode file storage; 1.18.33 uses SQLite (see comment)',
+    root: '.local/share/opencode',
+    depth: 0,
+    // Every session in one database; the row proves the locator (the session row is often only in
+    // opencode.db-wal until SQLite checkpoints it, which the reader applies as SQLite would).
+    isSessionFile: (name) => name === 'opencode.db',
+    enforced: true,
+    sqlite: { table: 'session', idColumn: 'id', parentColumn: 'parent_id' },
+    source: 'opencode 1.18.33 (`opencode serve` behind the live bridge), run in a container (test/integration/cli-history/opencode.test.ts)',
   },
   kilo: {
-    root: '.local/share/kilo/storage/session',
-    depth: 1,
-    isSessionFile: (name, locator) => name === `${locator}.json`,
-    enforced: false,
-    source: 'assumed from OpenCode (Kilo CLI is derived from it); not verified, likely SQLite too',
+    root: '.local/share/kilo',
+    depth: 0,
+    isSessionFile: (name) => name === 'kilo.db',
+    enforced: true,
+    sqlite: { table: 'session', idColumn: 'id', parentColumn: 'parent_id' },
+    source: 'kilo 7.7.7 (`kilo serve` behind the live bridge), run in a container (test/integration/cli-history/kilo.test.ts)',
   },
 };
 
@@ -97,4 +113,21 @@ export function isNativeSessionPath(cli: CliKind, locator: string, path: string)
   const between = parts.slice(homeParts + rootParts.length, -1);
   if (!between.every((p) => SEGMENT.test(p) && p !== '.' && p !== '..')) return false;
   return layout.isSessionFile(parts[parts.length - 1]!, locator);
+}
+
+/**
+ * The SQLite session store a path is, for a path some layout names as its database
+ * (`<home>/<root>/<file>`), else undefined: how the cold-start check, which knows paths and the
+ * locator but not the CLI, knows to prove the session by its row.
+ */
+export function sqliteStoreOf(path: string): SqliteSessionStore | undefined {
+  for (const layout of Object.values(NATIVE_SESSION_LAYOUTS)) {
+    if (layout.sqlite === undefined) continue;
+    const parts = path.split('/');
+    const name = parts[parts.length - 1] ?? '';
+    const dir = parts.slice(0, -1).join('/');
+    const home = dir.slice(0, dir.length - layout.root.length - 1);
+    if (dir.endsWith(`/${layout.root}`) && layout.isSessionFile(name, '') && (home === '/root' || /^\/home\/[^/\0]+$/.test(home))) return layout.sqlite;
+  }
+  return undefined;
 }

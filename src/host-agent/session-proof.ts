@@ -1,17 +1,22 @@
 // Cold-start recovery check (R-G5): after a restore, every native session file the manifest names
 // must exist in the restored writable layer as a regular file and contain the recorded locator.
 // Checked on the upper dir directly (before the container ever starts), never following a symlink:
-// the layer came from elsewhere, and a link must not make the agent read a host file.
+// the layer came from elsewhere, and a link must not make the agent read a host file. A SQLite
+// session store (OpenCode, Kilo: core/native-session-layout.ts) is proven by the CLI's own session
+// table instead of by the locator's bytes: the row of the locator, a root session, read read-only
+// with the write-ahead log applied (session-discovery.ts, sqlite-reader.ts).
 import { createReadStream } from 'node:fs';
 import { lstat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { sqliteStoreOf } from '../core/native-session-layout.ts';
+import { sqliteSessionProblem } from './session-discovery.ts';
 
 /** Bound on the bytes scanned per session file (native histories are JSONL; this is generous). */
 export const MAX_SCAN_BYTES = 512 * 1024 * 1024;
 
 export interface SessionFileProblem {
   readonly path: string;
-  readonly problem: 'missing' | 'not_a_regular_file' | 'locator_absent' | 'through_symlink';
+  readonly problem: 'missing' | 'not_a_regular_file' | 'locator_absent' | 'through_symlink' | 'not_a_root_session' | 'unreadable';
 }
 
 async function kindOf(path: string): Promise<'file' | 'dir' | 'symlink' | 'other' | 'missing'> {
@@ -61,7 +66,12 @@ export async function proveSessionFiles(upperDir: string, paths: readonly string
       if (problem !== undefined) break;
     }
     if (problem === undefined && parts.length === 0) problem = 'not_a_regular_file';
-    if (problem === undefined && needle !== undefined && !(await fileContains(here, needle))) problem = 'locator_absent';
+    const store = sqliteStoreOf(path);
+    if (problem === undefined && store !== undefined) {
+      // The session store holds every session: only the locator's own row proves this one. A store
+      // with no saved locator (no turn completed yet) has nothing to prove.
+      if (locator !== null) problem = sqliteSessionProblem(here, store, locator);
+    } else if (problem === undefined && needle !== undefined && !(await fileContains(here, needle))) problem = 'locator_absent';
     if (problem !== undefined) problems.push({ path, problem });
   }
   return problems;

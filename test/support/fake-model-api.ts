@@ -12,6 +12,12 @@ export interface RecordedRequest {
   readonly body: { model?: string; stream?: boolean; max_tokens?: number; messages?: Array<{ role: string; content: unknown }> };
   /** The request's headers (Node lower-cases the names). */
   readonly headers?: IncomingHttpHeaders;
+  /** The body exactly as received (parsed JSON): what the full-text history checker reads (history-checker.ts). */
+  readonly raw?: unknown;
+  /** Which API the request went to. */
+  readonly api?: 'messages' | 'responses';
+  /** The `request-id` header the fake answered with (what a gateway's request id is to preflight). */
+  readonly requestId?: string;
 }
 
 /** A message of the request, as the reply script sees it: role and plain text. */
@@ -39,6 +45,8 @@ export interface ScriptedReply {
   readonly stopReason?: string;
   /** Send an event whose data is not JSON in the middle of the stream. */
   readonly malformed?: boolean;
+  /** A tool call after the text (Messages API, streamed): stop_reason `tool_use`. */
+  readonly toolUse?: { readonly id: string; readonly name: string; readonly input: Record<string, unknown> };
 }
 
 /** The script: the last user text (what every CLI-history test needs) and the whole message list. */
@@ -88,12 +96,14 @@ export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelAp
   let seq = 0;
   // The OpenAI Responses API (Codex): the request's input messages are recorded in the Messages
   // shape (role + text blocks), so the same history helpers read both.
-  const answerResponses = (res: ServerResponse, path: string, body: ResponsesBody, headers: IncomingHttpHeaders): void => {
+  const answerResponses = (res: ServerResponse, path: string, body: ResponsesBody, headers: IncomingHttpHeaders, raw: unknown): void => {
     const messages = (body.input ?? []).filter((i) => i.type === 'message' || i.role !== undefined).map((i) => ({
       role: i.role ?? '',
       content: (Array.isArray(i.content) ? i.content : [{ text: String(i.content ?? '') }]).map((c) => ({ type: 'text', text: typeof c.text === 'string' ? c.text : '' })),
     }));
-    requests.push({ path, body: { model: body.model, stream: body.stream, messages }, headers });
+    const requestId = `req_fake_${++seq}`;
+    requests.push({ path, body: { model: body.model, stream: body.stream, messages }, headers, raw, api: 'responses', requestId });
+    res.setHeader('x-request-id', requestId);
     if (failures.n > 0) {
       failures = { ...failures, n: failures.n - 1 };
       res.writeHead(failures.status, { 'content-type': 'application/json' });
@@ -123,8 +133,14 @@ export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelAp
       } catch {
         body = {};
       }
+      const raw: unknown = structuredClone(body);
       if (req.method === 'POST' && path.endsWith('/v1/responses')) {
-        answerResponses(res, path, body as ResponsesBody, req.headers);
+        const input = (body as ResponsesBody).input ?? [];
+        const lastUser = [...input].reverse().find((i) => i.role === 'user');
+        const lastUserText = typeof lastUser?.content === 'string' ? lastUser.content : (lastUser?.content ?? []).map((c) => c.text ?? '').join('');
+        const held = [...holds].find(([marker]) => lastUserText.includes(marker))?.[1];
+        if (held !== undefined) void held.then(() => answerResponses(res, path, body as ResponsesBody, req.headers, raw));
+        else answerResponses(res, path, body as ResponsesBody, req.headers, raw);
         return;
       }
       if (req.method !== 'POST' || !path.endsWith('/v1/messages')) {
@@ -133,7 +149,9 @@ export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelAp
         res.end(path.endsWith('/count_tokens') ? '{"input_tokens":10}' : '{"type":"error","error":{"type":"not_found_error","message":"not here"}}');
         return;
       }
-      requests.push({ path, body, headers: req.headers });
+      const requestId = `req_fake_${++seq}`;
+      requests.push({ path, body, headers: req.headers, raw, api: 'messages', requestId });
+      res.setHeader('request-id', requestId);
       const lastUserText = textOf([...(body.messages ?? [])].reverse().find((m) => m.role === 'user')?.content);
       const held = [...holds].find(([marker]) => lastUserText.includes(marker))?.[1];
       if (held !== undefined) {
@@ -193,7 +211,14 @@ export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelAp
       res.end();
       return;
     }
-    send('message_delta', { type: 'message_delta', delta: { stop_reason: script.stopReason ?? 'end_turn', stop_sequence: null }, usage: { output_tokens: 5 } });
+    if (script.toolUse !== undefined) {
+      index++;
+      const { id: toolId, name, input } = script.toolUse;
+      send('content_block_start', { type: 'content_block_start', index, content_block: { type: 'tool_use', id: toolId, name, input: {} } });
+      send('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'input_json_delta', partial_json: JSON.stringify(input) } });
+      send('content_block_stop', { type: 'content_block_stop', index });
+    }
+    send('message_delta', { type: 'message_delta', delta: { stop_reason: script.stopReason ?? (script.toolUse !== undefined ? 'tool_use' : 'end_turn'), stop_sequence: null }, usage: { output_tokens: 5 } });
     send('message_stop', { type: 'message_stop' });
     res.end();
   };

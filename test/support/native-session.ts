@@ -10,6 +10,8 @@ import type { CliKind } from '../../src/core/turn-end-evidence.ts';
 /** The path the stand-in writes for `cli` and `locator` (under /root, one directory per level). */
 export function nativeSessionPath(cli: CliKind, locator: string): string {
   const layout = NATIVE_SESSION_LAYOUTS[cli];
+  // OpenCode and Kilo: one SQLite store of every session (its file name does not depend on the locator).
+  if (layout.sqlite !== undefined) return `/root/${layout.root}/${cli === 'kilo' ? 'kilo' : 'opencode'}.db`;
   const dirs = ['2026', '11', '30'].slice(0, layout.depth);
   const name = cli === 'claude_code' ? `${locator}.jsonl`
     : cli === 'pi' ? `2026-11-30T10-00-00-000Z_${locator}.jsonl`
@@ -20,6 +22,9 @@ export function nativeSessionPath(cli: CliKind, locator: string): string {
 
 /** Append one history line naming `locator` to the member's session file (creating it). */
 export async function writeNativeSession(docker: Docker, containerId: string, cli: CliKind, locator: string): Promise<string> {
+  // A stand-in cannot write a SQLite session store; tests of OpenCode and Kilo run the real CLI
+  // behind the live bridge (test/integration/cli-history/opencode.test.ts, kilo.test.ts).
+  if (NATIVE_SESSION_LAYOUTS[cli].sqlite !== undefined) throw new Error(`writeNativeSession: ${cli} keeps its sessions in SQLite; run the real CLI`);
   const path = nativeSessionPath(cli, locator);
   const dir = path.slice(0, path.lastIndexOf('/'));
   const exec = await docker.getContainer(containerId).exec({
