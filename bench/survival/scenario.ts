@@ -246,8 +246,10 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     // The workload: every conversation alternates idle gaps and turns until it is frozen.
     const started = Date.now();
     const deathAt = started + o.workloadMs * (0.5 + 0.5 * rnd());
-    const loops = convs.map(async (c) => {
-      await sleep(rnd() * o.meanGapMs);
+    const loops = convs.map(async (c, i) => {
+      // Half the conversations start right away (their first begin finds the group running: the
+      // baseline of the begin latency), the others after a first gap.
+      if (i % 2 === 1) await sleep(rnd() * o.meanGapMs);
       while (!c.frozen && Date.now() < deathAt + 60_000) {
         if ((await turn(c)) === 'failed') return;
         await sleep(rnd() * 2 * o.meanGapMs);
@@ -449,6 +451,7 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
       if (allSavedMs === undefined && s !== undefined && s.groups === ids.length && s.savedBeforeDeadline + s.savedAfterDeadline === ids.length) allSavedMs = (s.settledAtMs ?? Date.now()) - noticeAt;
       await sleep(200);
     }
+    // What the host said (its last summary: the deadline's, or the final one if all settled first).
     const summary = cp.spot.summaryOf('host-a') as Record<string, unknown> | undefined;
     let allRestoredMs: number | undefined;
     try {

@@ -43,7 +43,7 @@ export function idleDecision(g: GroupRecord, after: IdleStopAfter, startGraceMs:
     evacuating: g.evacuation !== undefined,
     lastActivityAtMs: g.lifecycle.lastActivityAtMs,
     lastTurnCompletedAtMs: g.lastTurnCompletedAtMs,
-    members: g.members.map((m) => ({ phase: m.session.phase, processKept: m.session.process !== undefined, exitUnconfirmed: m.session.reclaim !== undefined })),
+    members: g.members.map((m) => ({ phase: m.session.phase, exitUnconfirmed: m.session.reclaim !== undefined })),
   }, { after, startGraceMs }, nowMs);
 }
 

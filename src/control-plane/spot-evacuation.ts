@@ -51,6 +51,8 @@ export class SpotEvacuator {
   readonly #queue: KeyedQueue;
   readonly #tallies = new Map<string, HostTally>();
   readonly #hostOf = new Map<string, string>();
+  /** The last summary each host reported (kept after the tally ends: the host may be gone by then). */
+  readonly #reported = new Map<string, SpotEvacuationSummary>();
   #leading = false;
 
   constructor(private readonly ctx: GroupOpsDeps, private readonly controller: MigrationController) {
@@ -96,7 +98,7 @@ export class SpotEvacuator {
   /** The summary of a host's current spot notice (tests, benchmarks), if one is being tallied. */
   summaryOf(hostId: string): SpotEvacuationSummary | undefined {
     const t = this.#tallies.get(hostId);
-    return t === undefined ? undefined : this.#summary(t);
+    return t === undefined ? this.#reported.get(hostId) : this.#summary(t);
   }
 
   /** A host change from the read model: a host that starts draining for a spot notice is evacuated. */
@@ -201,6 +203,9 @@ export class SpotEvacuator {
     else t.finalReported = true;
     const s = this.#summary(t);
     this.#gauge(t);
+    this.#reported.delete(t.hostId);
+    this.#reported.set(t.hostId, s);
+    if (this.#reported.size > 256) this.#reported.delete(this.#reported.keys().next().value as string);
     this.ctx.logger.info({ ...s, when }, 'spot evacuation summary');
     void this.ctx.events.record({
       subjectKind: 'host', subjectId: t.hostId, type: 'spot_evacuation_summary', reason: 'spot_preemption',

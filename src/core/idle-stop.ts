@@ -37,9 +37,7 @@ export interface IdleStopView {
   readonly lastTurnCompletedAtMs?: number | undefined;
   readonly members: readonly {
     readonly phase: MemberPhase;
-    /** The process that ran the last turn may still run and be reused LIVE (its exit is not confirmed). */
-    readonly processKept: boolean;
-    /** R-S6: the last turn's process was not reused and nobody confirmed its exit. */
+    /** R-S6: the last turn's process was not reused and nobody confirmed its exit (it may still write the session). */
     readonly exitUnconfirmed: boolean;
   }[];
 }
@@ -49,7 +47,6 @@ export type IdleStopBlocker =
   | 'never'
   | 'evacuating'
   | 'turn_in_flight'
-  | 'process_kept'
   | 'exit_unconfirmed'
   | 'member_unconfirmed';
 
@@ -71,9 +68,13 @@ export interface IdleStopTiming {
 }
 
 /**
- * Whether `g` is idle: RUNNING, not evacuating, no turn in flight, every member's last process
- * exit confirmed (nothing that may still write native state, nothing kept for a LIVE turn), and no
- * activity for `after` (a start with no completed turn since: at least `startGraceMs`).
+ * Whether `g` is idle: RUNNING, not evacuating, no turn in flight, no member whose last process may
+ * still be writing its native session (an exit nobody confirmed, R-S6, or a turn that did not
+ * provably end), and no activity for `after` (a start with no completed turn since: at least
+ * `startGraceMs`). A process kept idle for a LIVE next turn does not block: its turn provably ended
+ * with its cleanup finished (R-S5), the clean stop ends it (SIGTERM, exit within the grace, R-G2),
+ * and the next turn is RESTORED instead of LIVE — otherwise groups driven by RunTurn, which keeps
+ * the CLI running between turns, would never be protected.
  */
 export function decideIdleStop(g: IdleStopView, timing: IdleStopTiming, nowMs: number): IdleStopDecision {
   if (g.state !== 'RUNNING') return { action: 'none', why: 'not_running' };
@@ -84,7 +85,6 @@ export function decideIdleStop(g: IdleStopView, timing: IdleStopTiming, nowMs: n
     // A turn that did not provably end may still have its process writing the session.
     if (m.phase === 'UNCONFIRMED') return { action: 'none', why: 'member_unconfirmed' };
     if (m.exitUnconfirmed) return { action: 'none', why: 'exit_unconfirmed' };
-    if (m.processKept) return { action: 'none', why: 'process_kept' };
   }
   const lastTurn = g.lastTurnCompletedAtMs ?? 0;
   // The last activity was a start, not a turn end: the turn that caused it gets its grace.

@@ -3,8 +3,8 @@
 // 1. idle_stop_after 0: the group is stopped cleanly and checkpointed right after a completed turn
 //    (exit confirmed, as `claude -p` per turn); the next BeginTurn starts it again RESTORED with the
 //    same locator; the unprotected-groups gauge counts it while it runs and not once it is saved.
-// 2. The fleet default (2 s here): a turn in flight is never stopped; a kept LIVE process blocks it;
-//    `never` stays running.
+// 2. The fleet default (2 s here): a turn in flight is never stopped; a process kept idle for a LIVE
+//    turn is stopped with its group (the next turn is RESTORED); `never` stays running.
 // 3. Races decided by CAS: back-to-back turns against idle_stop_after 0 — every turn completes (no
 //    stop lands mid-turn, no unclean stop); and with the read model held stale (a named seam: the
 //    model's copy is replaced by an older one) the stop's compare-and-set sees the turn that got in
@@ -104,15 +104,18 @@ describe('the fleet default and the blockers', () => {
     expect(saved.lifecycle.stop?.clean).toBe(true);
   });
 
-  it('leaves a group running whose last turn kept its process (LIVE), and one set to never', async () => {
+  it('stops a group whose last turn kept its process idle (the next turn is RESTORED); leaves one set to never running', async () => {
     const live = await open('conv-live');
     await turn(live, 'sess-live', SUCCESS); // process kept for a LIVE next turn
+    expect((await turn(live, 'sess-live', SUCCESS)).begun.contextState).toBe('LIVE');
     const never = await open('conv-never', 'never');
     await turn(never, 'sess-never');
-    await sleep(4_000);
-    expect((await fleet.group(live)).lifecycle.state).toBe('RUNNING');
+    // The kept process is idle: its turn provably ended, the clean stop ends it.
+    const saved = await savedByIdleStop(live);
+    expect(saved.lifecycle.stop?.clean).toBe(true);
+    expect((await turn(live, 'sess-live', SUCCESS)).begun.contextState).toBe('RESTORED');
+    await sleep(3_000);
     expect((await fleet.group(never)).lifecycle.state).toBe('RUNNING');
-    expect((await turn(live, 'sess-live', SUCCESS)).begun.contextState).toBe('LIVE');
     // Reopening with a setting changes it: the group is then saved.
     await open('conv-never', 0);
     expect((await fleet.group(never)).idleStopAfterMs).toBe(0);

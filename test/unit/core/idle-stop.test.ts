@@ -9,7 +9,7 @@ import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
 const idle = (over: Partial<IdleStopView> = {}): IdleStopView => ({
   state: 'RUNNING', evacuating: false, lastActivityAtMs: 1_000, lastTurnCompletedAtMs: 1_000,
-  members: [{ phase: 'RETAINED', processKept: false, exitUnconfirmed: false }], ...over,
+  members: [{ phase: 'RETAINED', exitUnconfirmed: false }], ...over,
 });
 const timing = { after: 600_000, startGraceMs: 30_000 } as const;
 
@@ -30,18 +30,17 @@ describe('decideIdleStop', () => {
     expect(decideIdleStop(idle(), { after: 'never', startGraceMs: 0 }, 1e12)).toEqual({ action: 'none', why: 'never' });
   });
 
-  it('a turn in flight, a kept or unconfirmed process, an unconfirmed member or an evacuation block it', () => {
+  it('a turn in flight, an unconfirmed exit, an unconfirmed member or an evacuation block it', () => {
     const late = 1e12;
-    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', processKept: false, exitUnconfirmed: false }, { phase: 'IN_TURN', processKept: false, exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'turn_in_flight' });
-    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', processKept: true, exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'process_kept' });
-    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', processKept: false, exitUnconfirmed: true }] }), timing, late)).toEqual({ action: 'none', why: 'exit_unconfirmed' });
-    expect(decideIdleStop(idle({ members: [{ phase: 'UNCONFIRMED', processKept: false, exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'member_unconfirmed' });
+    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', exitUnconfirmed: false }, { phase: 'IN_TURN', exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'turn_in_flight' });
+    expect(decideIdleStop(idle({ members: [{ phase: 'RETAINED', exitUnconfirmed: true }] }), timing, late)).toEqual({ action: 'none', why: 'exit_unconfirmed' });
+    expect(decideIdleStop(idle({ members: [{ phase: 'UNCONFIRMED', exitUnconfirmed: false }] }), timing, late)).toEqual({ action: 'none', why: 'member_unconfirmed' });
     expect(decideIdleStop(idle({ evacuating: true }), timing, late)).toEqual({ action: 'none', why: 'evacuating' });
     expect(decideIdleStop(idle({ state: 'STOPPED' }), timing, late)).toEqual({ action: 'none', why: 'not_running' });
   });
 
   it('property: stop only when RUNNING, idle members only, and the deadline passed; never before the last activity + setting', () => {
-    const member = fc.record({ phase: fc.constantFrom(...MEMBER_PHASES), processKept: fc.boolean(), exitUnconfirmed: fc.boolean() });
+    const member = fc.record({ phase: fc.constantFrom(...MEMBER_PHASES), exitUnconfirmed: fc.boolean() });
     fc.assert(fc.property(
       fc.constantFrom(...GROUP_STATES), fc.boolean(), fc.nat(1e9), fc.option(fc.nat(1e9), { nil: undefined }), fc.array(member, { minLength: 1, maxLength: 4 }),
       fc.oneof(fc.nat(1e7), fc.constant('never' as const)), fc.nat(1e6), fc.nat(2e9),
@@ -53,7 +52,7 @@ describe('decideIdleStop', () => {
         expect(after).not.toBe('never');
         for (const m of members) {
           expect(['FRESH', 'RETAINED', 'LOST']).toContain(m.phase);
-          expect(m.processKept || m.exitUnconfirmed).toBe(false);
+          expect(m.exitUnconfirmed).toBe(false);
         }
         expect(now).toBeGreaterThanOrEqual(last + (after as number));
         if (last > (lastTurn ?? 0)) expect(now).toBeGreaterThanOrEqual(last + startGraceMs);

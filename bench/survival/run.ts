@@ -1,0 +1,134 @@
+// Survival benchmark (issue 14 item 6): how many conversations survive a host's death, by idle
+// auto-stop setting, what idle_stop_after 0 costs a turn, and how many running groups a 30 s spot
+// notice saves. Real nats-server, three real dockerd hosts, real host agents (child processes, so a
+// host can be SIGKILLed), a real leading ControlPlane (bench/survival/scenario.ts).
+//   1. The same seeded workload (conversations × random turns, each writing its native session file
+//      like the CLI, idle gaps uniform in [0, 2 × gap]) once per setting: idleStopAfter 0, 1 min,
+//      10 min and never; the host holding the most groups is killed without warning (agent and
+//      dockerd SIGKILL, data root deleted) at a random moment. survived_fraction_not_mid_turn = groups
+//      of that host restored with their session / its groups with no turn in flight at the death;
+//      restored_older_than_last_turn counts restored sessions missing a completed turn (must be 0).
+//      Time is compressed (--compress, default 20): 1 min runs as 3 s, 10 min as 30 s, the gaps as
+//      well, so an hour of conversation fits in a minute; the stop and checkpoint themselves are not
+//      compressed (the figures for the short settings are pessimistic by that much).
+//   2. Turn overhead of idleStopAfter 0: BeginTurn latency of the 0 run (mostly on stopped groups:
+//      container start + attach) against the never run (running groups), p50 and p99.
+//   3. Spot capacity: --spot-groups RUNNING groups of --spot-mib MiB on one host, a --notice-ms
+//      spot notice: spot_groups_saved_30s = clean-stopped and checkpointed off the host before the
+//      deadline (what the host says, cross-checked against the checkpoints' creation times).
+// Writes bench/results/survival.json (a --smoke run: tiny sizes, to --out or a temp dir).
+//
+//   node --import tsx bench/survival/run.ts [--conversations 50] [--workload-ms 60000] [--compress 20] [--seed N]
+//        [--spot-groups 100] [--spot-mib 20] [--notice-ms 30000] [--smoke] [--out DIR]
+import { cpus, loadavg } from 'node:os';
+import { parseArgs } from 'node:util';
+import type { IdleStopAfter } from '../../src/core/idle-stop.ts';
+import { BENCH_OPTIONS, startBench, writeResult } from '../common.ts';
+import { runSpotCapacity, runSurvival, type SurvivalResult } from './scenario.ts';
+
+const { values } = parseArgs({ options: {
+  conversations: { type: 'string' }, 'workload-ms': { type: 'string' }, compress: { type: 'string' }, seed: { type: 'string' },
+  'spot-groups': { type: 'string' }, 'spot-mib': { type: 'string' }, 'notice-ms': { type: 'string' }, ...BENCH_OPTIONS,
+} });
+const run = startBench('survival', values);
+const sized = (flag: string | undefined, full: number, smoke: number): number => Number(flag ?? (run.smoke ? smoke : full));
+const CONVERSATIONS = sized(values.conversations, 50, 9);
+const WORKLOAD_MS = sized(values['workload-ms'], 60_000, 8_000);
+const COMPRESS = sized(values.compress, 20, 20);
+const SEED = sized(values.seed, Math.floor(Math.random() * 2 ** 31), Math.floor(Math.random() * 2 ** 31));
+const SPOT_GROUPS = sized(values['spot-groups'], 100, 4);
+const SPOT_MIB = sized(values['spot-mib'], 20, 1);
+const NOTICE_MS = sized(values['notice-ms'], 30_000, 10_000);
+/** Think time between a conversation's turns, in real minutes before compression (uniform in [0, 2×]). */
+const GAP_MIN = 3;
+
+function percentile(xs: readonly number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] ?? Number.NaN;
+}
+
+// A smoke run measures idle 0 only; its baseline is its own begins on running groups (first turns).
+const SETTINGS: readonly { readonly name: string; readonly idle: IdleStopAfter }[] = run.smoke
+  ? [{ name: '0', idle: 0 }]
+  : [{ name: '0', idle: 0 }, { name: '1min', idle: 60_000 / COMPRESS }, { name: '10min', idle: 600_000 / COMPRESS }, { name: 'never', idle: 'never' }];
+
+async function main(): Promise<void> {
+  const log = (l: string) => console.log(`[survival] ${l}`);
+  const runs: Record<string, SurvivalResult> = {};
+  for (const s of SETTINGS) {
+    log(`setting ${s.name}: ${CONVERSATIONS} conversations, workload ${WORKLOAD_MS} ms, seed ${SEED}`);
+    runs[s.name] = await runSurvival({
+      conversations: CONVERSATIONS, idleStopAfterMs: s.idle, workloadMs: WORKLOAD_MS, meanGapMs: (GAP_MIN * 60_000) / COMPRESS, turnMs: [200, 1_500],
+      seed: SEED, mode: 'kill', log,
+    });
+    const r = runs[s.name]!;
+    log(`setting ${s.name}: ${r.victim} died with ${r.groupsOnVictim} groups; survived_fraction_not_mid_turn ${r.survivedFractionNotMidTurn.toFixed(3)}; violations ${r.violations.length}`);
+  }
+  log(`spot capacity: ${SPOT_GROUPS} groups × ${SPOT_MIB} MiB, notice ${NOTICE_MS} ms`);
+  const loadAtSpot = loadavg();
+  const spot = await runSpotCapacity({ groups: SPOT_GROUPS, mibPerGroup: SPOT_MIB, noticeMs: NOTICE_MS, log });
+
+  const idle0 = runs['0']!;
+  const never = runs.never;
+  const begins0 = never === undefined ? idle0.beginStoppedMs : [...idle0.beginStoppedMs, ...idle0.beginRunningMs];
+  const beginsNever = never?.beginRunningMs ?? idle0.beginRunningMs;
+  const p50Over = percentile(begins0, 50) - percentile(beginsNever, 50);
+  const p99Over = percentile(begins0, 99) - percentile(beginsNever, 99);
+  const restartP50 = percentile(idle0.beginStoppedMs, 50);
+  const restartP99 = percentile(idle0.beginStoppedMs, 99);
+  const fractions = Object.fromEntries(Object.entries(runs).map(([k, r]) => [k, r.survivedFractionNotMidTurn]));
+  const perSetting = Object.fromEntries(Object.entries(runs).map(([k, r]) => {
+    const by = (f: (o: SurvivalResult['outcomes'][number]) => boolean) => r.outcomes.filter(f).length;
+    const reasons: Record<string, number> = {};
+    for (const o of r.outcomes) if (o.lostReason !== undefined) reasons[o.lostReason] = (reasons[o.lostReason] ?? 0) + 1;
+    return [k, {
+      idle_stop_after_ms_compressed: r.idleStopAfterMs, victim: r.victim, groups_on_victim: r.groupsOnVictim, death_after_ms: r.deathAfterMs, turns_completed: r.turnsCompleted,
+      mid_turn: by((o) => o.midTurn), protected_at_death: by((o) => o.protectedAtDeath), restored: by((o) => o.result === 'restored'), lost: by((o) => o.result === 'lost'),
+      unsettled: by((o) => o.result === 'unsettled'), unprotected_not_mid_turn: r.unprotectedNotMidTurn, lost_reasons: reasons,
+      survived_fraction_not_mid_turn: r.survivedFractionNotMidTurn, restored_older_than_last_turn: r.restoredOlderThanLastTurn, violations: r.violations,
+    }];
+  }));
+  const notes = [
+    `workload: ${CONVERSATIONS} conversations (one Claude Code member each) on 3 dockerd hosts, seed ${SEED}; each turn writes one history line to the member's native session file (as the CLI does) and ends with an exit the runner saw (claude -p per turn); turns last 0.2-1.5 s; idle gaps uniform in [0, ${2 * GAP_MIN}] min, time compressed ${COMPRESS}x (so ${WORKLOAD_MS / 1000} s of wall time = ${Math.round((WORKLOAD_MS * COMPRESS) / 60_000)} min of conversation); the same seed for every setting.`,
+    `death: the host holding the most groups, at a random moment in the second half of the workload: agent (child process) and dockerd SIGKILLed, data root deleted. A group survives when it was stopped cleanly with a checkpoint of its state: restored on another host, its next turn RESTORED with the same locator and every completed turn in its session file.`,
+    `idle 0: ${idle0.unprotectedNotMidTurn} of the dead host's ${idle0.groupsOnVictim} groups had no turn in flight and were still unprotected at the death (their stop and checkpoint after the turn had not finished: it runs after CompleteTurn, off the turn's path), so survived_fraction_not_mid_turn_idle0 = ${idle0.survivedFractionNotMidTurn.toFixed(3)}.`,
+    `turn overhead of idle 0: BeginTurn p50 ${percentile(begins0, 50).toFixed(0)} ms / p99 ${percentile(begins0, 99).toFixed(0)} ms (idle 0, ${begins0.length} begins, ${idle0.beginStoppedMs.length} on stopped groups) vs ${percentile(beginsNever, 50).toFixed(0)} / ${percentile(beginsNever, 99).toFixed(0)} ms (${never === undefined ? 'this run\'s begins on running groups' : 'never, running groups'}); a begin on a stopped group (container start + attach, the restart cost) p50 ${restartP50.toFixed(0)} ms, p99 ${restartP99.toFixed(0)} ms. The rest of a turn is the same in both.`,
+    `spot: ${spot.groups} running groups × ${spot.mibPerGroup} MiB on one host, notice ${spot.noticeMs / 1000} s: ${spot.savedBeforeDeadline} clean-stopped and checkpointed off the host before the deadline as the host reported it (${spot.checkpointedWithinNotice} checkpoints created within the notice), all saved after ${spot.allSavedMs === undefined ? 'n/a' : `${(spot.allSavedMs / 1000).toFixed(1)} s`}, all restored elsewhere after ${spot.allRestoredMs === undefined ? 'n/a' : `${(spot.allRestoredMs / 1000).toFixed(1)} s`}; load ${loadAtSpot.map((x) => x.toFixed(2)).join('/')} at its start.`,
+  ];
+  const busiest = Math.max(run.loadAverageStart[0] ?? 0, loadAtSpot[0] ?? 0);
+  if (busiest >= cpus().length) notes.push(`machine busy: 1-min load up to ${busiest.toFixed(2)} on ${cpus().length} cores (other sessions' tests count in it); timings are inflated accordingly.`);
+  const result = {
+    when: new Date().toISOString(),
+    machine: { cpus: cpus().length },
+    seed: SEED,
+    conversations: CONVERSATIONS,
+    time_compression: COMPRESS,
+    survived_fraction_not_mid_turn: fractions,
+    survived_fraction_not_mid_turn_idle0: idle0.survivedFractionNotMidTurn,
+    restored_older_than_last_turn: Object.values(runs).reduce((n, r) => n + r.restoredOlderThanLastTurn, 0),
+    turn_overhead_p50_ms_idle0: p50Over,
+    turn_overhead_p99_ms_idle0: p99Over,
+    restart_begin_p50_ms: restartP50,
+    restart_begin_p99_ms: restartP99,
+    begin_p50_ms_idle0: percentile(begins0, 50),
+    begin_p50_ms_never: percentile(beginsNever, 50),
+    spot_groups_saved_30s: spot.savedBeforeDeadline,
+    spot_groups: spot.groups,
+    spot_mib_per_group: spot.mibPerGroup,
+    spot_notice_s: spot.noticeMs / 1000,
+    spot_checkpointed_within_notice: spot.checkpointedWithinNotice,
+    spot_all_saved_s: spot.allSavedMs === undefined ? null : spot.allSavedMs / 1000,
+    spot_all_restored_s: spot.allRestoredMs === undefined ? null : spot.allRestoredMs / 1000,
+    spot_bytes_checkpointed: spot.bytesCheckpointed,
+    spot_summary: spot.summary,
+    per_setting: perSetting,
+    notes,
+  };
+  console.log(JSON.stringify(result, null, 2));
+  await writeResult(run, result);
+}
+
+main().then(() => process.exit(0), (err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});
