@@ -12,9 +12,15 @@
 # context has no .git (.dockerignore), so the image never guesses; a process started without a
 # known SHA refuses to start (src/config/build-sha.ts).
 #
-# Not built by the test suite: this repository's CI machine reaches no registry, so the node base
-# image cannot be pulled there. The processes run from TypeScript through tsx (a runtime
-# dependency), exactly as the tests run them.
+# This Dockerfile is the release path. It is not built by the test suite: this repository's CI
+# machine reaches no registry, so the node base image cannot be pulled there. Instead the cluster
+# test (test/integration/cluster) assembles the same two images without a base image
+# (test/support/cluster-images.ts): the same files from the checkout (this file's COPY lines, the
+# .dockerignore list), the same `npm ci --omit=dev --ignore-scripts`, the same entrypoints, env
+# (NODE_ENV=production, SANDBOXFLEET_BUILD_SHA) and revision label, the same users; only the base
+# differs (that machine's node binary and the libraries it links, plus GNU tar and rm for the agent,
+# instead of node:20-bookworm-slim). A change here must be mirrored there, and the reverse.
+# The processes run from TypeScript through tsx (a runtime dependency), exactly as the tests run them.
 ARG NODE_IMAGE=node:20-bookworm-slim
 
 FROM ${NODE_IMAGE} AS deps

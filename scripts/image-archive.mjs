@@ -1,10 +1,11 @@
 #!/usr/bin/env node
-// Writes a container image archive in `docker save` format from a root file system directory,
-// without Docker or a registry: one layer (GNU tar of the directory: sorted names, mtime 0, owner
-// root, so the same tree gives the same image id), its config (entrypoint, env, user, labels) and
-// manifest.json. `ctr images import` and `docker load` both read it. Used by scripts/test-cluster
-// (the pause image) and test/support/cluster-images.ts (control plane, host agent, NATS).
-//   node image-archive.mjs OUT.tar REFERENCE CONFIG_JSON ROOTFS_DIR
+// Writes a container image archive in `docker save` format from root file system directories,
+// without Docker or a registry: one layer per directory, in order (GNU tar of the directory: sorted
+// names, mtime 0, owner root, so the same tree gives the same layer and image id), its config
+// (entrypoint, env, user, labels) and manifest.json. `ctr images import` and `docker load` both
+// read it; images that share a first layer store it once. Used by scripts/test-cluster (the pause
+// image) and test/support/cluster-images.ts (control plane, host agent, NATS).
+//   node image-archive.mjs OUT.tar REFERENCE CONFIG_JSON ROOTFS_DIR [MORE_LAYER_DIR...]
 // CONFIG_JSON is the image config's "config" object, e.g. '{"Entrypoint":["/pause"]}'.
 import process from 'node:process';
 import { Buffer } from 'node:buffer';
@@ -14,9 +15,9 @@ import { createReadStream, mkdirSync, mkdtempSync, renameSync, rmSync, writeFile
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 
-const [out, reference, configJson, rootfs] = process.argv.slice(2);
-if (!out || !reference || !configJson || !rootfs) {
-  process.stderr.write('usage: image-archive.mjs OUT.tar REFERENCE CONFIG_JSON ROOTFS_DIR\n');
+const [out, reference, configJson, ...layers] = process.argv.slice(2);
+if (!out || !reference || !configJson || layers.length === 0) {
+  process.stderr.write('usage: image-archive.mjs OUT.tar REFERENCE CONFIG_JSON ROOTFS_DIR [MORE_LAYER_DIR...]\n');
   process.exit(2);
 }
 const sha256File = (path) => new Promise((resolve, reject) => {
@@ -25,21 +26,25 @@ const sha256File = (path) => new Promise((resolve, reject) => {
 });
 const stage = mkdtempSync(join(tmpdir(), 'image-archive-'));
 try {
-  const layer = join(stage, 'layer.tar');
-  execFileSync('tar', ['--sort=name', '--mtime=@0', '--owner=0', '--group=0', '--numeric-owner', '--format=posix',
-    '--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime', '-C', rootfs, '-cf', layer, '.']);
-  const diffId = await sha256File(layer);
-  mkdirSync(join(stage, diffId));
-  renameSync(layer, join(stage, diffId, 'layer.tar'));
+  const diffIds = [];
+  for (const dir of layers) {
+    const layer = join(stage, 'layer.tar');
+    execFileSync('tar', ['--sort=name', '--mtime=@0', '--owner=0', '--group=0', '--numeric-owner', '--format=posix',
+      '--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime', '-C', dir, '-cf', layer, '.']);
+    const diffId = await sha256File(layer);
+    mkdirSync(join(stage, diffId), { recursive: true });
+    renameSync(layer, join(stage, diffId, 'layer.tar'));
+    diffIds.push(diffId);
+  }
   const config = Buffer.from(JSON.stringify({
     architecture: 'amd64', os: 'linux', created: '1970-01-01T00:00:00Z',
     config: JSON.parse(configJson),
-    rootfs: { type: 'layers', diff_ids: [`sha256:${diffId}`] },
-    history: [{ created: '1970-01-01T00:00:00Z', created_by: 'scripts/image-archive.mjs' }],
+    rootfs: { type: 'layers', diff_ids: diffIds.map((d) => `sha256:${d}`) },
+    history: diffIds.map(() => ({ created: '1970-01-01T00:00:00Z', created_by: 'scripts/image-archive.mjs' })),
   }));
   const configId = createHash('sha256').update(config).digest('hex');
   writeFileSync(join(stage, `${configId}.json`), config);
-  writeFileSync(join(stage, 'manifest.json'), JSON.stringify([{ Config: `${configId}.json`, RepoTags: [reference], Layers: [`${diffId}/layer.tar`] }]));
+  writeFileSync(join(stage, 'manifest.json'), JSON.stringify([{ Config: `${configId}.json`, RepoTags: [reference], Layers: diffIds.map((d) => `${d}/layer.tar`) }]));
   mkdirSync(dirname(out), { recursive: true });
   execFileSync('tar', ['--sort=name', '--mtime=@0', '--owner=0', '--group=0', '--numeric-owner', '-C', stage, '-cf', `${out}.tmp`, '.']);
   renameSync(`${out}.tmp`, out);

@@ -1,7 +1,8 @@
 // The images the Helm chart names, built on this machine for the test cluster (no registry, no base
 // image pull): the control plane and the host agent from the project's own build - a root file
-// system assembled from the checkout (the files the Dockerfile copies: package.json,
-// package-lock.json, tsconfig.json, cmd/, src/, proto/), the production dependencies exactly as a
+// system assembled from the commit the images are stamped with (`git archive HEAD` of the files
+// the Dockerfile copies: package.json, package-lock.json, tsconfig.json, cmd/, src/, proto/; not
+// the working tree, whose uncommitted edits are no build), the production dependencies exactly as a
 // release installs them (`npm ci --omit=dev --ignore-scripts`, as the Dockerfile's deps stage), and
 // this machine's Node.js with the libraries it links - and a NATS image of the pinned nats-server
 // that scripts/bootstrap builds. Each is written as a `docker save` archive by
@@ -13,7 +14,7 @@
 // node binary and libraries instead of node:20-bookworm-slim), because CI here reaches no registry.
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmodSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -73,20 +74,22 @@ function baseTree(rootfs: string): void {
  * node_modules exactly as a release installs it (`npm ci --omit=dev --ignore-scripts`, the
  * Dockerfile's deps stage), cached by the lockfile and package.json it was installed from.
  */
-async function productionModules(): Promise<string> {
-  const key = createHash('sha256').update(readFileSync(join(REPO_ROOT, 'package.json'))).update(readFileSync(join(REPO_ROOT, 'package-lock.json'))).digest('hex').slice(0, 16);
+async function productionModules(sha: string): Promise<string> {
+  const files = await Promise.all(['package.json', 'package-lock.json'].map(async (f) => (await execFileP('git', ['show', `${sha}:${f}`], { cwd: REPO_ROOT, maxBuffer: 64 * 1024 * 1024 })).stdout));
+  const key = createHash('sha256').update(files[0]!).update(files[1]!).digest('hex').slice(0, 16);
   const dir = join(imageCacheDir(), `prod-modules-${key}`);
   if (existsSync(join(dir, 'node_modules'))) return join(dir, 'node_modules');
   const stage = mkdtempSync(join(imageCacheDir(), 'prod-modules-tmp-'));
-  for (const f of ['package.json', 'package-lock.json']) copyFileSync(join(REPO_ROOT, f), join(stage, f));
+  writeFileSync(join(stage, 'package.json'), files[0]!);
+  writeFileSync(join(stage, 'package-lock.json'), files[1]!);
   await execFileP('npm', ['ci', '--omit=dev', '--ignore-scripts', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: stage, maxBuffer: 16 * 1024 * 1024 });
   rmSync(dir, { recursive: true, force: true });
   renameSync(stage, dir);
   return join(dir, 'node_modules');
 }
 
-async function archive(out: string, reference: string, config: object, rootfs: string): Promise<ClusterImage> {
-  const { stdout } = await execFileP('node', [join(REPO_ROOT, 'scripts/image-archive.mjs'), out, reference, JSON.stringify(config), rootfs], { maxBuffer: 1024 * 1024 });
+async function archive(out: string, reference: string, config: object, layers: readonly string[]): Promise<ClusterImage> {
+  const { stdout } = await execFileP('node', [join(REPO_ROOT, 'scripts/image-archive.mjs'), out, reference, JSON.stringify(config), ...layers], { maxBuffer: 1024 * 1024 });
   return { reference, id: stdout.trim(), archivePath: out };
 }
 
@@ -98,8 +101,9 @@ export async function gitHead(): Promise<string> {
 /** Builds the three archives into `outDir` (a scratch directory of the caller). */
 export async function buildClusterImages(outDir: string): Promise<ClusterImages> {
   mkdirSync(imageCacheDir(), { recursive: true });
-  const [buildSha, modules, nodeFiles, tarFiles, rmFiles, natsFiles] = await Promise.all([
-    gitHead(), productionModules(), withLibraries(process.execPath), withLibraries('/bin/tar'), withLibraries('/bin/rm'),
+  const buildSha = await gitHead();
+  const [modules, nodeFiles, tarFiles, rmFiles, natsFiles] = await Promise.all([
+    productionModules(buildSha), withLibraries(process.execPath), withLibraries('/bin/tar'), withLibraries('/bin/rm'),
     withLibraries(join(toolsDir(), 'bin', 'nats-server')),
   ]);
   const stage = mkdtempSync(join(outDir, 'rootfs-'));
@@ -108,27 +112,30 @@ export async function buildClusterImages(outDir: string): Promise<ClusterImages>
     const runtime = join(stage, 'runtime');
     baseTree(runtime);
     copyAt(runtime, nodeFiles, '/usr/local/bin/node');
-    for (const f of APP_FILES) cpSync(join(REPO_ROOT, f), join(runtime, 'app', f), { recursive: true });
+    mkdirSync(join(runtime, 'app'));
+    await execFileP('bash', ['-c', 'set -o pipefail; dir=$0 sha=$1; shift; git archive --format=tar "$sha" -- "$@" | tar -x -C "$dir"', join(runtime, 'app'), buildSha, ...APP_FILES], { cwd: REPO_ROOT });
     cpSync(modules, join(runtime, 'app/node_modules'), { recursive: true, verbatimSymlinks: true });
     const env = ['PATH=/usr/local/bin:/usr/bin:/bin', 'NODE_ENV=production', `SANDBOXFLEET_BUILD_SHA=${buildSha}`];
     const labels = { 'org.opencontainers.image.title': 'sandbox-fleet', 'org.opencontainers.image.revision': buildSha };
     const controlPlane = await archive(join(outDir, 'control-plane.tar'), `${CONTROL_PLANE_REPOSITORY}:${IMAGE_TAG}`, {
       Entrypoint: ['node', '--import', 'tsx', 'cmd/control-plane/main.ts'], WorkingDir: '/app', User: '65532:65532', Env: env, Labels: labels,
       ExposedPorts: { '7443/tcp': {}, '9464/tcp': {} },
-    }, runtime);
-    // The agent adds GNU tar (layer capture and restore) and rm (restore staging), as the
-    // Debian base of the Dockerfile provides them.
-    copyAt(runtime, tarFiles);
-    copyAt(runtime, rmFiles);
+    }, [runtime]);
+    // The agent adds a layer with GNU tar (layer capture and restore) and rm (restore staging), as
+    // the Debian base of the Dockerfile provides them; the runtime layer is shared with the
+    // control plane's image (stored once per node).
+    const agentTools = join(stage, 'agent-tools');
+    copyAt(agentTools, tarFiles);
+    copyAt(agentTools, rmFiles);
     const hostAgent = await archive(join(outDir, 'host-agent.tar'), `${HOST_AGENT_REPOSITORY}:${IMAGE_TAG}`, {
       Entrypoint: ['node', '--import', 'tsx', 'cmd/host-agent/main.ts'], WorkingDir: '/app', Env: env, Labels: labels,
-    }, runtime);
+    }, [runtime, agentTools]);
     const natsRoot = join(stage, 'nats');
     baseTree(natsRoot);
     copyAt(natsRoot, natsFiles, '/usr/local/bin/nats-server');
     const nats = await archive(join(outDir, 'nats.tar'), `${NATS_REPOSITORY}:${IMAGE_TAG}`, {
       Entrypoint: ['nats-server'], Env: ['PATH=/usr/local/bin:/usr/bin:/bin'], ExposedPorts: { '4222/tcp': {}, '8222/tcp': {} },
-    }, natsRoot);
+    }, [natsRoot]);
     return { controlPlane, hostAgent, nats, buildSha };
   } finally {
     rmSync(stage, { recursive: true, force: true });
