@@ -2,8 +2,13 @@
 // revision it was computed from (create = "absent"), so two control-plane replicas or a stale
 // leader can never overwrite each other silently (R-R2, R-A1: every state write is compare-and-set).
 // Values are zod-validated and size-bounded on write and re-validated on read (R-R4).
+// watch() follows a bucket through an ordered PULL consumer, paced by what the caller has consumed:
+// nats.js's own KV watch pushes with server flow control, and a read model catching up on ten
+// buckets at once (bench/scale: 100,000 groups) had the server queue more than its 64 MiB per
+// client and close the connection as a slow consumer, then stall for 30 s per watch.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { KvWatchInclude, type KV, type KvEntry } from '@nats-io/kv';
+import { DeliverPolicy } from '@nats-io/jetstream';
+import { Bucket, KvWatchInclude, type KV, type KvEntry } from '@nats-io/kv';
 import type { z } from 'zod';
 import { CasConflictError, InvalidKeyError, RecordInvalidError, translateReadError, translateWriteError } from './errors.ts';
 import { jsonRecordCodec, type RecordCodec } from './record-codec.ts';
@@ -68,6 +73,21 @@ function validateFilter(filter: string): void {
     if (t === '*' || (t === '>' && i === tokens.length - 1)) return;
     if (!KEY_TOKEN.test(t)) throw new InvalidKeyError(filter, 'filter tokens must be key tokens, `*`, or a final `>`');
   });
+}
+
+/**
+ * Messages one watch asks for at a time. It bounds what the server can queue for this connection per
+ * watch at ~1.25 batches (the next pull goes out at 75% consumed): with ~1 KiB group records, under
+ * 0.1 MiB; even with every record at the groups bucket's 64 KiB bound, 5 MiB per shard (40 MiB for
+ * eight), under the server's 64 MiB per client. Big enough that a catch-up is not paced by round
+ * trips. (max_bytes would bound bytes directly, but with it nats.js 3.4's ordered consumer was seen
+ * to skip messages.)
+ */
+const WATCH_BATCH = 64;
+
+/** What watch() iterates: KV entries in stream order, and how to stop them. */
+interface Following extends AsyncIterable<KvEntry> {
+  stop(): void;
 }
 
 function isDeleted(e: KvEntry): boolean {
@@ -234,9 +254,9 @@ export class KvRepository<T> {
    */
   async *watch(opts: { filter?: string; updatesOnly?: boolean; signal?: AbortSignal } = {}): AsyncGenerator<KvChange<T>> {
     if (opts.filter !== undefined) validateFilter(opts.filter);
-    let iter;
+    let iter: Following;
     try {
-      iter = await this.#kv.watch({ key: opts.filter ?? '>', include: opts.updatesOnly ? KvWatchInclude.UpdatesOnly : KvWatchInclude.LastValue });
+      iter = await this.#follow(opts.filter ?? '>', opts.updatesOnly === true);
     } catch (err) {
       throw translateReadError(err, `${this.bucket} watch`);
     }
@@ -262,6 +282,32 @@ export class KvRepository<T> {
       opts.signal?.removeEventListener('abort', onAbort);
       iter.stop();
     }
+  }
+
+  /**
+   * The bucket's entries as its stream delivers them: the last value of every key matching `filter`
+   * (unless `updatesOnly`), then every change, in stream order. An ordered pull consumer asks for
+   * WATCH_BATCH messages at a time as the caller consumes them, so however many buckets are watched
+   * at once and however slow the caller, the server never queues more than a few batches per watch
+   * for this connection; it recreates itself from the last sequence it delivered after a gap, a
+   * reconnect or missed heartbeats. A KV handle that is not a JetStream bucket falls back to the
+   * client's push watch.
+   */
+  async #follow(filter: string, updatesOnly: boolean): Promise<Following> {
+    const kv = this.#kv;
+    if (!(kv instanceof Bucket)) return kv.watch({ key: filter, include: updatesOnly ? KvWatchInclude.UpdatesOnly : KvWatchInclude.LastValue });
+    const consumer = await kv.js.consumers.get(kv.stream, { filter_subjects: [kv.fullKeyName(filter)], deliver_policy: updatesOnly ? DeliverPolicy.New : DeliverPolicy.LastPerSubject });
+    const messages = await consumer.consume({ max_messages: WATCH_BATCH });
+    return {
+      async *[Symbol.asyncIterator]() {
+        for await (const m of messages) yield kv.jmToWatchEntry(m, false);
+      },
+      stop() {
+        messages.stop();
+        // Ephemeral anyway (removed after 5 min without interest); deleted now to be tidy.
+        consumer.delete().catch(() => undefined);
+      },
+    };
   }
 
   /**
