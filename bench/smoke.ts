@@ -22,5 +22,6 @@ export const SMOKE_BENCHES: readonly SmokeBench[] = [
   { name: 'exec', timeoutS: 240, figures: ['first_byte_p50_ms_fleet', 'first_byte_p50_ms_direct', 'first_byte_p99_ms_fleet', 'throughput_mb_s_fleet', 'throughput_mb_s_direct', 'throughput_fraction_of_direct'] },
   { name: 'restore-bounds', timeoutS: 240, figures: ['bomb_seconds', 'bomb_max_heartbeat_gap_ms', 'bomb_agent_peak_rss_bytes', 'bomb_refused', 'big_seconds', 'big_max_heartbeat_gap_ms', 'big_agent_peak_rss_bytes', 'big_restored'] },
   { name: 'survival', timeoutS: 300, figures: ['survived_fraction_not_mid_turn_idle0', 'restored_older_than_last_turn', 'turn_overhead_p50_ms_idle0', 'turn_overhead_p99_ms_idle0', 'spot_groups_saved_30s'] },
+  { name: 'scale', timeoutS: 180, figures: ['cp_cpu_fraction_100k', 'cp_cpu_ratio_100k_over_10k', 'dead_to_decisions_s', 'catchup_s_100k', 'read_model_mib_100k', 'cpu_ms_per_heartbeat'] },
   { name: 'turns', timeoutS: 300, figures: ['pairs_per_s_c1', 'call_p99_ms_c1', 'pairs_per_s_c8', 'call_p99_ms_c8', 'echo_pairs_per_s_c8', 'fraction_of_echo', 'raw_cas_per_s', 'raw_cas_per_s_sharded', 'jetstream_writes_per_pair_c8', 'pairs_per_s_c8_fsync_interval', 'fraction_of_echo_fsync_interval'] },
 ];
