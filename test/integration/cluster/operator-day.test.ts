@@ -310,6 +310,11 @@ describe('the operator on a real two-node cluster', () => {
     expect(verify.stdout).toContain(images.buildSha);
     const groups = await kubectlSandbox(['groups']);
     expect(groups.code, groups.stderr).toBe(0);
+    // The CLI also runs from the released image itself, i.e. with the production dependencies only
+    // (`npm ci --omit=dev`: it loads `yaml`, which must therefore be a runtime dependency).
+    const inImage = await cluster.kubectl(['-n', NS, 'exec', nodeAPlane, '--', 'node', 'cmd/sandboxctl/sandboxctl.mjs', '--server', '127.0.0.1:7443', '--insecure', '-o', 'yaml', 'hosts'], { timeoutMs: 60_000 });
+    expect(inImage.code, inImage.stderr).toBe(0);
+    expect(inImage.stdout).toMatch(/hostId: node-a/);
   }, 120_000);
 
   it('conversations through the runner API run on both nodes', async () => {

@@ -4,7 +4,8 @@
 // both checked and unit-tested by promtool — including a wrong expectation that must fail, so
 // this test can fail. The attestation policy (R-H2) is required: every render below passes one
 // (POLICY) except those that check the refusal of an empty one. No Kubernetes API server here:
-// installing the chart is a later issue.
+// test/integration/cluster/operator-day.test.ts installs, upgrades and uninstalls the chart on a
+// real two-node cluster.
 import { execFile, spawn } from 'node:child_process';
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';

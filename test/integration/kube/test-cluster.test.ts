@@ -9,7 +9,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { run, startTestCluster, type TestCluster } from '../../support/kube-cluster.ts';
 
 const SYSCTLS = ['vm/overcommit_memory', 'kernel/panic', 'kernel/panic_on_oops'];
-const HOST_DIRS = ['/var/lib/kubelet', '/var/log/pods', '/var/log/containers', '/var/lib/cni', '/run/sandboxfleet', '/var/lib/sandboxfleet'];
+const HOST_DIRS = ['/var/lib/kubelet', '/var/log/pods', '/var/log/containers', '/var/lib/cni', '/run/sandboxfleet', '/var/lib/sandboxfleet', '/usr/libexec/kubernetes'];
 
 interface MachineState {
   readonly sysctls: string[];
