@@ -189,13 +189,13 @@ export class TurnRunner {
       throw new PreconditionFailed('cli_unsupported', `the fleet has no way to run ${cli} turns (no CLI profile; OpenCode/Kilo need the live bridge): drive it with Exec`, { details: { cli } });
     }
     const keep = keepsTurnProcess(cli, profile);
-    const plan = (locator: string | undefined): TurnPlan => {
+    const plan = (locator: string | undefined, turnId: string): TurnPlan => {
       if (!keep) return { kind: 'per_turn', command: buildTurnCommand(cli, profile, { prompt: input.prompt, locator, model: input.model }) };
       const started = buildTurnProcessCommand(cli, profile, { locator, model: input.model });
       const digest = createHash('sha256').update(started.identity).digest('base64url').slice(0, 32);
-      return { kind: 'turn_process', command: started, digest, input: Buffer.from(turnInput(cli, input.prompt, 'check')) };
+      return { kind: 'turn_process', command: started, digest, input: Buffer.from(turnInput(cli, input.prompt, turnId)) };
     };
-    const checked = plan(input.locator);
+    const checked = plan(input.locator, 'check');
     const completeKey = `${input.idempotencyKey}:complete`.slice(0, 128);
     const calledAt = this.deps.now();
     const begun = await this.runner.beginTurn(
@@ -218,9 +218,7 @@ export class TurnRunner {
     // answers the stored begin, stamped when the first call began it).
     const flight = await inFlight();
     if (flight !== undefined && flight.startedAtMs === begun.startedAtMs && begun.startedAtMs >= calledAt) {
-      const p = plan(begun.locator !== '' ? begun.locator : undefined);
-      const turn = p.kind === 'turn_process' ? { ...p, input: Buffer.from(turnInput(cli, input.prompt, begun.turnId)) } : p;
-      yield* this.#driveNew(input, begun, turn, cli, completeKey, signal, flight.process);
+      yield* this.#driveNew(input, begun, plan(begun.locator !== '' ? begun.locator : undefined, begun.turnId), cli, completeKey, signal, flight.process);
       return;
     }
     yield { kind: 'end', end: await this.#awaitOther(input, begun, completeKey, inFlight) };
