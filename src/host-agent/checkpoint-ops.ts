@@ -38,7 +38,7 @@ import type { GroupOps } from './group-ops.ts';
 import { CaptureIndexStore, type CaptureIndex } from './layer/capture-index.ts';
 import { ChunkCache } from './layer/chunk-cache.ts';
 import { restoreFailureOf } from './layer/errors.ts';
-import { extractVerifiedLayer, storeLayer, verifyLayer, type FetchLayerOptions, type VerifiedLayer } from './layer/layer-transfer.ts';
+import { RetainBudget, extractVerifiedLayer, storeLayer, verifyLayer, type FetchLayerOptions, type VerifiedLayer } from './layer/layer-transfer.ts';
 import { coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
 import { discoverSessionFiles } from './session-discovery.ts';
@@ -322,6 +322,8 @@ export class CheckpointOps {
     const layerOptions: FetchLayerOptions = {
       digestOf: layerDigestKind(manifest.schemaVersion),
       limits: this.layerRestore.limits,
+      // Shared by every member's layer of this restore: what pass 1 may keep in memory for pass 2.
+      retain: new RetainBudget(this.layerRestore.restoreMemoryBytes ?? DEFAULT_LAYER_RESTORE_SETTINGS.restoreMemoryBytes!),
       cache: await this.chunkCache(),
       ...(this.deps.workerConnection ? { fetchWorker: this.deps.workerConnection } : {}),
     };

@@ -41,6 +41,8 @@ const DEFAULT_LAYER_INDEX_DIR = join(tmpdir(), 'sandboxfleet-layer-index');
  */
 const DEFAULT_LAYER_MANIFEST_VERSION = 1;
 const DEFAULT_LAYER_FULL_CAPTURE_EVERY = 10;
+/** Chunks a restore keeps in memory between its validation and extraction passes. */
+const DEFAULT_LAYER_RESTORE_MEMORY_BYTES = 256 * 1024 ** 2;
 
 export const HostAgentConfigSchema = z
   .object({
@@ -119,6 +121,12 @@ export const HostAgentConfigSchema = z
     layerIndexDir: z.string().min(1).default(DEFAULT_LAYER_INDEX_DIR),
     /** Every Nth checkpoint of a container reads the whole layer anyway, in case a file's stat lied (1: always). */
     layerFullCaptureEvery: z.coerce.number().int().min(1).max(1000).default(DEFAULT_LAYER_FULL_CAPTURE_EVERY),
+    /**
+     * Bytes of chunks a restore keeps in memory from its validation pass for its extraction pass
+     * (those are extracted from the bytes already verified instead of read back from the chunk cache
+     * and hashed again); the rest goes through the cache. 0: none.
+     */
+    layerRestoreMemoryBytes: z.coerce.number().int().min(0).max(2 ** 40).default(DEFAULT_LAYER_RESTORE_MEMORY_BYTES),
   })
   .refine((c) => c.defaultStopGraceMs <= c.maxStopGraceMs, { message: 'defaultStopGraceMs must be ≤ maxStopGraceMs', path: ['defaultStopGraceMs'] });
 
@@ -178,6 +186,7 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     layerManifestVersion: env.SANDBOXFLEET_LAYER_MANIFEST_VERSION,
     layerIndexDir: env.SANDBOXFLEET_LAYER_INDEX_DIR,
     layerFullCaptureEvery: env.SANDBOXFLEET_LAYER_FULL_CAPTURE_EVERY,
+    layerRestoreMemoryBytes: env.SANDBOXFLEET_LAYER_RESTORE_MEMORY_BYTES,
   };
   // Empty strings mean "unset" for env vars.
   for (const [k, v] of Object.entries(raw)) if (v === '' || v === undefined) delete raw[k];
@@ -202,10 +211,12 @@ export interface LayerRestoreSettings {
   readonly manifestVersion?: 1 | 2;
   readonly indexDir?: string;
   readonly fullCaptureEvery?: number;
+  /** Chunks a restore keeps in memory between its passes (0: none). */
+  readonly restoreMemoryBytes?: number;
 }
 
 type LayerConfig = Pick<HostAgentConfig, 'layerMaxEntries' | 'layerMaxBytes' | 'layerMaxNameBytesTotal' | 'layerCacheDir' | 'layerCacheMaxBytes'> &
-  Partial<Pick<HostAgentConfig, 'layerManifestVersion' | 'layerIndexDir' | 'layerFullCaptureEvery'>>;
+  Partial<Pick<HostAgentConfig, 'layerManifestVersion' | 'layerIndexDir' | 'layerFullCaptureEvery' | 'layerRestoreMemoryBytes'>>;
 
 export function layerRestoreSettingsOf(config: LayerConfig): LayerRestoreSettings {
   return {
@@ -215,6 +226,7 @@ export function layerRestoreSettingsOf(config: LayerConfig): LayerRestoreSetting
     manifestVersion: config.layerManifestVersion === 2 ? 2 : 1,
     indexDir: config.layerIndexDir ?? DEFAULT_LAYER_INDEX_DIR,
     fullCaptureEvery: config.layerFullCaptureEvery ?? DEFAULT_LAYER_FULL_CAPTURE_EVERY,
+    restoreMemoryBytes: config.layerRestoreMemoryBytes ?? DEFAULT_LAYER_RESTORE_MEMORY_BYTES,
   };
 }
 
@@ -226,4 +238,5 @@ export const DEFAULT_LAYER_RESTORE_SETTINGS: LayerRestoreSettings = Object.freez
   manifestVersion: DEFAULT_LAYER_MANIFEST_VERSION,
   indexDir: DEFAULT_LAYER_INDEX_DIR,
   fullCaptureEvery: DEFAULT_LAYER_FULL_CAPTURE_EVERY,
+  restoreMemoryBytes: DEFAULT_LAYER_RESTORE_MEMORY_BYTES,
 });

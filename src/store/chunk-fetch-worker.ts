@@ -3,11 +3,14 @@
 // from 64 KiB socket reads), on the same thread that parses the layer and feeds `tar -x`. On its own
 // thread the fetch overlaps with parsing and extraction. Every chunk's size and sha256 are still
 // checked (in the worker) before its bytes reach the restore. Bounded: at most `maxInFlight` direct
-// gets outstanding and `aheadChunks` verified chunks delivered ahead of the consumer.
+// gets outstanding and `aheadChunks` verified chunks delivered ahead of the consumer. Chunks arrive
+// in shared memory (one copy out of the client's receive buffer): the restore hands them on to its
+// layer worker, and may keep them for its second pass, without another copy.
 // Pooled (issue #17): starting a worker and its connection costs 50-200 ms (measured here), a
 // large part of restoring a small layer, so one idle worker per connection is kept for IDLE_MS
 // (unref'd); a job that failed or was abandoned terminates its worker instead.
 //
+// Its connection creates no stack trace per request (`noAsyncTraces`: one per chunk otherwise).
 // The worker is plain CommonJS evaluated from a string (like sha256-pool.ts), so it runs the same
 // under node, tsx and vitest; it loads the NATS packages by absolute path resolved here.
 import { createRequire } from 'node:module';
@@ -42,7 +45,7 @@ const { jetstreamManager } = require(workerData.jetstreamPath);
 const { servers, timeoutMs } = workerData;
 let nc = null;
 const ready = (async () => {
-  nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-fetch', timeout: timeoutMs });
+  nc = await connect({ ...natsAuthOptions(workerData.auth, transport), servers, name: 'sandboxfleet-chunk-fetch', timeout: timeoutMs, noAsyncTraces: true });
   return jetstreamManager(nc, { timeout: timeoutMs });
 })();
 ready.catch(() => undefined);
@@ -73,9 +76,9 @@ const run = async (m) => {
       const digest = 'sha256:' + createHash('sha256').update(data).digest('hex');
       if (data.length !== ref.size || digest !== ref.digest) return fail('chunk_digest_mismatch', 'chunk ' + ref.digest + ' does not verify (got ' + data.length + ' bytes)');
       while (i - j.consumed >= ahead) await new Promise((r) => { j.wake = r; });
-      const own = new Uint8Array(data.length);
-      own.set(data);
-      parentPort.postMessage({ op: 'chunk', id, index: i, data: own }, [own.buffer]);
+      const shared = new Uint8Array(new SharedArrayBuffer(data.length));
+      shared.set(data);
+      parentPort.postMessage({ op: 'chunk', id, index: i, data: shared });
     }
     parentPort.postMessage({ op: 'done', id });
   } catch (err) {

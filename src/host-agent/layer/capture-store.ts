@@ -207,10 +207,20 @@ function reusableNext(w: WalkEntry, e: CapturedEntry, rootDev: bigint, nowNs: bi
 async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkEntry[], p: Plan, options: StoreLayerOptions, s: Settings): Promise<StoredLayer> {
   const version = options.schemaVersion ?? 2;
   const maxInFlight = options.maxInFlight ?? DEFAULT_WRITE_IN_FLIGHT;
+  // Chunks cut from shared memory reach the publish worker without a copy; a slab is reused once
+  // every chunk cut from it was published (fresh memory costs page faults and zeroing, measured).
+  const slabs = options.publishWorker ? new SlabPool(SLAB_POOL) : undefined;
   // The worker learns the chunk stream from its first publish's answer; an incremental capture
   // names it at once (its checks of reused chunks may come before any publish).
   const sink: ChunkSink = options.publishWorker
-    ? new WorkerChunkWriter({ servers: options.publishWorker.servers, auth: options.publishWorker.auth, maxInFlight, hashLayer: version === 1, ...(p.mode === 'incremental' ? { stream: store.chunkStream } : {}) })
+    ? new WorkerChunkWriter({
+        servers: options.publishWorker.servers,
+        auth: options.publishWorker.auth,
+        maxInFlight,
+        hashLayer: version === 1,
+        ...(p.mode === 'incremental' ? { stream: store.chunkStream } : {}),
+        published: (data) => slabs?.done(data),
+      })
     : inlineSink(store, maxInFlight, version === 1);
   const old = p.previous === undefined ? undefined : oldLayerOf(p.previous.layer.chunks);
   /** The new layer's chunks in order: a new one (by its put order) or an old one (by index). */
@@ -220,6 +230,7 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
   const emit = async (e: Emitted): Promise<void> => {
     if (e.kind === 'new') {
       items.push({ fresh: putCount++ });
+      slabs?.cut(e.data);
       await sink.put(e.data);
       return;
     }
@@ -237,7 +248,8 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
       throw err;
     }
   };
-  const assembler = new LayerAssembler(new FastCdcChunker(s.chunker), old, readOld, emit, s.chunker.maxSize);
+  const chunker = new FastCdcChunker(s.chunker, slabs?.allocate ?? Buffer.allocUnsafe);
+  const assembler = new LayerAssembler(chunker, old, readOld, emit, s.chunker.maxSize);
   const validator = new LayerValidator(s.limits);
   const oci = new OverlayToOci(validator);
   const parser = new TarParser(oci, s.limits.maxPaxHeaderBytes);
@@ -369,6 +381,55 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
       entries,
     },
   };
+}
+
+/** Shared-memory slabs kept for reuse per capture: the publish worker's window (32 chunks) and the chunker's own. */
+const SLAB_POOL = 6;
+
+/**
+ * Shared-memory slabs for the chunker, each reused once the chunker has moved on from it and every
+ * chunk cut from it was published (the worker reads chunks in place until then).
+ */
+class SlabPool {
+  private readonly free: SharedArrayBuffer[] = [];
+  private readonly uses = new Map<ArrayBufferLike, { chunks: number; retired: boolean }>();
+  private current: SharedArrayBuffer | undefined;
+
+  constructor(private readonly keep: number) {}
+
+  readonly allocate = (size: number): Buffer => {
+    const reuse = this.free.length > 0 && this.free[this.free.length - 1]!.byteLength === size;
+    const slab = reuse ? this.free.pop()! : new SharedArrayBuffer(size);
+    this.uses.set(slab, { chunks: 0, retired: false });
+    // Only now is the previous slab retired: the chunker still copies its tail into the new one.
+    const previous = this.current;
+    this.current = slab;
+    if (previous !== undefined) {
+      const u = this.uses.get(previous)!;
+      u.retired = true;
+      if (u.chunks === 0) this.recycle(previous);
+    }
+    return Buffer.from(slab);
+  };
+
+  /** A chunk was cut from its slab and goes to the worker. */
+  cut(chunk: Buffer): void {
+    const u = this.uses.get(chunk.buffer);
+    if (u !== undefined) u.chunks += 1;
+  }
+
+  /** The worker is done with a chunk. */
+  done(chunk: Buffer): void {
+    const u = this.uses.get(chunk.buffer);
+    if (u === undefined) return;
+    u.chunks -= 1;
+    if (u.chunks === 0 && u.retired) this.recycle(chunk.buffer as SharedArrayBuffer);
+  }
+
+  private recycle(slab: SharedArrayBuffer): void {
+    this.uses.delete(slab);
+    if (this.free.length < this.keep) this.free.push(slab);
+  }
 }
 
 /** Data bytes in an old record: a regular file's size (a directory's st_size is no data), within the record. */

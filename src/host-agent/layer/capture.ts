@@ -150,8 +150,14 @@ export function runTar(upperDir: string, names: readonly Buffer[], tarPath = 'ta
   void (async () => {
     const nul = Buffer.alloc(1);
     for (const name of names) {
-      if (!child.stdin.write(Buffer.concat([name, nul]))) await new Promise<void>((r) => child.stdin.once('drain', () => r()));
-      if (child.exitCode !== null) return;
+      if (!child.stdin.write(Buffer.concat([name, nul]))) {
+        // Room again, or tar is gone (its exit status says why).
+        await new Promise<void>((r) => {
+          child.stdin.once('drain', r);
+          child.stdin.once('close', r);
+        });
+      }
+      if (child.stdin.destroyed || child.exitCode !== null) return;
     }
     child.stdin.end();
   })();

@@ -12,7 +12,7 @@
 // then fetches it). One process owns a directory: the index of sizes and uses is kept in memory
 // (rebuilt from the directory at first use), and open() returns one shared instance per directory.
 import { createHash, randomBytes } from 'node:crypto';
-import { link, mkdir, readFile, readdir, rm, stat, unlink, writeFile } from 'node:fs/promises';
+import { link, mkdir, open, readdir, rm, stat, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { ChunkRef } from '../../core/checkpoint-manifest.ts';
 
@@ -47,6 +47,24 @@ const HEX64 = /^[0-9a-f]{64}$/;
 const EVICT_TO = 0.9;
 
 const instances = new Map<string, Promise<ChunkCache>>();
+
+/** `file` read into shared memory when it holds exactly `size` bytes; undefined otherwise. */
+async function readShared(file: string, size: number): Promise<Buffer | undefined> {
+  const fh = await open(file, 'r');
+  try {
+    if ((await fh.stat()).size !== size) return undefined;
+    const data = Buffer.from(new SharedArrayBuffer(size));
+    let at = 0;
+    while (at < size) {
+      const { bytesRead } = await fh.read(data, at, size - at, at);
+      if (bytesRead === 0) return undefined;
+      at += bytesRead;
+    }
+    return data;
+  } finally {
+    await fh.close();
+  }
+}
 
 export class ChunkCache {
   readonly stats: ChunkCacheStats = { bytes: 0, chunks: 0, hits: 0, misses: 0, corrupt: 0, evicted: 0, skipped: 0 };
@@ -146,7 +164,11 @@ export class ChunkCache {
     };
   }
 
-  /** The chunk's bytes if cached AND they verify (size and sha256); otherwise undefined. */
+  /**
+   * The chunk's bytes if cached AND they verify (size and sha256); otherwise undefined. In shared
+   * memory: a restore hands them to its layer worker, and may keep them for its second pass, without
+   * a copy.
+   */
   async get(ref: ChunkRef): Promise<Buffer | undefined> {
     const entry = this.entries.get(ref.digest);
     if (entry === undefined || !entry.ready) {
@@ -154,15 +176,15 @@ export class ChunkCache {
       return undefined;
     }
     const file = this.fileOf(ref.digest);
-    let data: Buffer;
+    let data: Buffer | undefined;
     try {
-      data = await readFile(file);
+      data = await readShared(file, ref.size);
     } catch {
       this.drop(ref.digest); // gone from disk (removed by hand): forget it
       this.stats.misses += 1;
       return undefined;
     }
-    if (data.length !== ref.size || `sha256:${createHash('sha256').update(data).digest('hex')}` !== ref.digest) {
+    if (data === undefined || `sha256:${createHash('sha256').update(data).digest('hex')}` !== ref.digest) {
       this.drop(ref.digest);
       this.stats.corrupt += 1;
       this.stats.misses += 1;

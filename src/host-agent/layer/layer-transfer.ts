@@ -40,6 +40,31 @@ export interface FetchLayerOptions {
    * storeLayer writes) or the whole tar (version 1). Take it from the manifest: layerDigestKind.
    */
   readonly digestOf?: LayerDigestKind;
+  /**
+   * Memory pass 1 may keep chunks in for pass 2 (shared by all layers of one restore): a kept chunk
+   * is extracted from the very bytes pass 1 verified, not read from the cache and hashed again.
+   */
+  readonly retain?: RetainBudget | undefined;
+}
+
+/** Bytes of chunks a restore may hold in memory between its two passes. */
+export class RetainBudget {
+  private used = 0;
+  constructor(readonly maxBytes: number) {}
+
+  take(bytes: number): boolean {
+    if (this.used + bytes > this.maxBytes) return false;
+    this.used += bytes;
+    return true;
+  }
+
+  give(bytes: number): void {
+    this.used -= bytes;
+  }
+
+  get usedBytes(): number {
+    return this.used;
+  }
 }
 
 /** The layer as pass 1 must find it; a version-2 digest is checked against the chunk list first. */
@@ -58,6 +83,10 @@ export interface VerifiedLayer {
   /** Pass 1's bytes read from the host's chunk cache and fetched from the store. */
   readonly cachedBytes: number;
   readonly fetchedBytes: number;
+  /** Bytes pass 1 kept in memory for pass 2 (within FetchLayerOptions.retain), and the chunks by index. */
+  readonly retainedBytes: number;
+  readonly retained: { readonly chunks: readonly (Buffer | undefined)[] };
+  /** Free the kept chunks and the cache pins (after pass 2, or when it will not run). */
   release(): void;
 }
 
@@ -68,9 +97,19 @@ interface ChunkCounts {
   readonly stored: ChunkRef[];
 }
 
-/** A buffer this code alone holds (store reads may be views into the NATS client's receive buffer). */
+/** Chunks pass 1 keeps for pass 2, by index (in shared memory: the layer worker only reads them). */
+interface Retained {
+  readonly chunks: (Buffer | undefined)[];
+  bytes: number;
+}
+type KeptChunks = { readonly chunks: readonly (Buffer | undefined)[] };
+
+/**
+ * A buffer this code alone holds, or shared memory nobody writes (store reads may be views into the
+ * NATS client's receive buffer).
+ */
 function own(data: Buffer): Buffer {
-  if (!(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength) return data;
+  if (data.buffer instanceof SharedArrayBuffer || (data.byteOffset === 0 && data.byteLength === data.buffer.byteLength)) return data;
   const out = Buffer.allocUnsafeSlow(data.length); // its own ArrayBuffer (never the shared pool)
   data.copy(out);
   return out;
@@ -88,10 +127,11 @@ const CACHE_PUTS_IN_FLIGHT = 8;
  * its write is done (several writes in flight ahead of the consumer), so the consumer may transfer
  * it to another thread without a copy. Every yielded buffer is the consumer's.
  */
-async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts): AsyncGenerator<Buffer> {
+async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts, retained?: KeptChunks, keep?: Retained): AsyncGenerator<Buffer> {
   const cache = options.cache?.enabled === true ? options.cache : undefined;
-  const cached = layer.chunks.map((c) => cache?.has(c.digest) === true);
-  const missing = layer.chunks.filter((_, i) => !cached[i]);
+  const kept = (i: number): Buffer | undefined => retained?.chunks[i];
+  const cached = layer.chunks.map((c, i) => kept(i) === undefined && cache?.has(c.digest) === true);
+  const missing = layer.chunks.filter((_, i) => kept(i) === undefined && !cached[i]);
   const inFlight = options.maxInFlight ?? DEFAULT_READ_IN_FLIGHT;
   const fetched =
     missing.length === 0
@@ -113,9 +153,11 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
       for (let j = i; j < Math.min(layer.chunks.length, i + CACHE_READ_AHEAD); j++) {
         if (cached[j] && !reads.has(j)) reads.set(j, cache!.get(layer.chunks[j]!));
       }
-      let data: Buffer | undefined;
+      let data: Buffer | undefined = kept(i);
       let written = Promise.resolve();
-      if (cached[i]) {
+      if (data !== undefined) {
+        // Kept by pass 1: the bytes it verified.
+      } else if (cached[i]) {
         data = await reads.get(i)!;
         reads.delete(i);
         if (data !== undefined) counts.cachedBytes += data.length;
@@ -131,6 +173,11 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
         data = own(next.value);
         counts.fetchedBytes += data.length;
         written = writeBack(ref, data);
+      }
+      // Pass 1 keeps what the budget allows, in shared memory (what the layer worker is given is shared too).
+      if (keep !== undefined && data.buffer instanceof SharedArrayBuffer && options.retain?.take(data.length) === true) {
+        keep.chunks[i] = data;
+        keep.bytes += data.length;
       }
       const entry = { data, written, done: false };
       void written.then(() => (entry.done = true), () => undefined);
@@ -162,11 +209,20 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
   const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
   checkDeclaredSize(layer, limits);
   const expected = expectedOf(layer, options);
-  const release = options.cache?.pin(layer.chunks) ?? ((): void => undefined);
+  const unpin = options.cache?.pin(layer.chunks) ?? ((): void => undefined);
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
+  const keep: Retained = { chunks: [], bytes: 0 };
+  let released = false;
+  const release = (): void => {
+    if (released) return;
+    released = true;
+    unpin();
+    options.retain?.give(keep.bytes);
+    keep.chunks.length = 0;
+  };
   try {
-    const scanned = await (options.passes ?? WORKER_PASSES_TRANSFER).scan(layerChunks(layer, store, options, true, counts), { expected, limits });
-    return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, release };
+    const scanned = await (options.passes ?? WORKER_PASSES_TRANSFER).scan(layerChunks(layer, store, options, true, counts, undefined, keep), { expected, limits });
+    return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, retainedBytes: keep.bytes, retained: keep, release };
   } catch (err) {
     release();
     // A refused layer's chunks are of no use to anyone: they leave the cache again.
@@ -178,7 +234,7 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
 /** Pass 2: extract a verified layer into `targetDir` (absent or empty), from the cache or the store. */
 export async function extractVerifiedLayer(verified: VerifiedLayer, store: ChunkStore, targetDir: string, options: FetchLayerOptions = {}): Promise<RestoredLayer> {
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
-  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts), verified.scanned, expectedOf(verified.layer, options), targetDir, {
+  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts, verified.retained), verified.scanned, expectedOf(verified.layer, options), targetDir, {
     passes: options.passes ?? WORKER_PASSES_TRANSFER,
     ...(options.limits ? { limits: options.limits } : {}),
     ...(options.tarPath ? { tarPath: options.tarPath } : {}),

@@ -2,7 +2,7 @@
 // Why: the scan of a hostile layer parses up to millions of headers and its validator remembers
 // every path; on the agent's main thread that is seconds of CPU and a heap of hundreds of MiB whose
 // garbage collection pauses the event loop, so heartbeats and commands would wait behind a restore.
-// Here the main thread only moves chunk buffers (transferred, not copied, when it owns them); the
+// Here the main thread only moves chunk buffers (shared or transferred, not copied, when it can); the
 // worker's heap is its own (capped by resourceLimits) and is freed when the worker ends.
 // The worker runs layer-worker.ts, TypeScript loaded through tsx's tsImport (tsx is a runtime
 // dependency: production runs `node --import tsx` too), so it uses the very same rule and tar code.
@@ -175,7 +175,9 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
   try {
     for await (const chunk of chunks) {
       if (settled !== undefined) break; // refused (or failed) early: stop reading
-      if (options.transfer === true && ownsBuffer(chunk)) worker.postMessage({ op: 'chunk', id, data: chunk }, [chunk.buffer as ArrayBuffer]);
+      // Shared memory is shared (never written after a chunk is made); owned buffers are moved; others copied.
+      if (chunk.buffer instanceof SharedArrayBuffer) worker.postMessage({ op: 'chunk', id, data: chunk });
+      else if (options.transfer === true && ownsBuffer(chunk)) worker.postMessage({ op: 'chunk', id, data: chunk }, [chunk.buffer as ArrayBuffer]);
       else worker.postMessage({ op: 'chunk', id, data: new Uint8Array(chunk) });
       sent += 1;
       await waitFor(() => settled !== undefined || sent - consumed < AHEAD);

@@ -15,7 +15,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { chunkListDigest, serializeCheckpointManifest, type CheckpointManifest, type LayerRef } from '../../../src/core/checkpoint-manifest.ts';
 import { LayerRuleError } from '../../../src/core/layer-rules.ts';
 import { LayerTransferError } from '../../../src/host-agent/layer/errors.ts';
-import { fetchLayer, storeLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
+import { RetainBudget, extractVerifiedLayer, fetchLayer, storeLayer, verifyLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
 import { restoreLayer } from '../../../src/host-agent/layer/restore.ts';
 import { ChunkStore, ChunkStoreError, sha256Digest } from '../../../src/store/chunk-store.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
@@ -285,6 +285,39 @@ describe('layer checkpoint through the chunk store', () => {
     expect(await store.has(layer.chunks[2]!.digest)).toBe(false);
     expect(await reasonOf(fetchLayer(layer, store, join(work, target)))).toBe('chunk_missing');
     expectNothingWritten(work, target);
+  });
+
+  it('pass 2 extracts the chunks pass 1 kept in memory (within the budget) and reads only the rest', async () => {
+    const fetchWorker = { servers: nats.server.url };
+    const upper = join(work, 'upper-keep');
+    mkdirSync(upper);
+    writeFileSync(join(upper, 'data.bin'), randomBytes(3 * MiB));
+    const { layer } = await storeLayer(upper, store);
+    // Everything kept: the extraction needs nothing from the store any more.
+    const budget = new RetainBudget(64 * MiB);
+    const all = await verifyLayer(layer, store, { fetchWorker, retain: budget });
+    expect(all.retainedBytes).toBe(layer.size);
+    expect(budget.usedBytes).toBe(layer.size);
+    // Half the budget: the rest is fetched again (from the store here: no cache).
+    const half = new RetainBudget(Math.floor(layer.size / 2));
+    const part = await verifyLayer(layer, store, { fetchWorker, retain: half });
+    expect(part.retainedBytes).toBeGreaterThan(0);
+    expect(part.retainedBytes).toBeLessThanOrEqual(layer.size / 2);
+    const kept = part.retained.chunks.flatMap((c, i) => (c === undefined ? [] : [i]));
+    // Chunks that only memory still holds: gone from the store, the full one extracts anyway.
+    const target = join(work, 'restored-keep');
+    for (const i of kept) await store.delete(layer.chunks[i]!.digest);
+    await extractVerifiedLayer(all, store, target, { fetchWorker });
+    all.release();
+    expect(budget.usedBytes).toBe(0);
+    expect(readFileSync(join(target, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
+    // The partial one needs the store for what it did not keep (still there) and not for the rest.
+    const target2 = join(work, 'restored-keep2');
+    await extractVerifiedLayer(part, store, target2, { fetchWorker });
+    part.release();
+    expect(readFileSync(join(target2, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
+    expect(half.usedBytes).toBe(0);
+    await storeLayer(upper, store); // put the deleted chunks back for later tests
   });
 
   it('refuses hostile layers before writing, and a non-empty target', async () => {
