@@ -28,7 +28,7 @@ import { runSpotCapacity, runSurvival, type SurvivalResult } from './scenario.ts
 
 const { values } = parseArgs({ options: {
   conversations: { type: 'string' }, 'workload-ms': { type: 'string' }, compress: { type: 'string' }, seed: { type: 'string' },
-  'spot-groups': { type: 'string' }, 'spot-mib': { type: 'string' }, 'notice-ms': { type: 'string' }, ...BENCH_OPTIONS,
+  'spot-groups': { type: 'string' }, 'spot-mib': { type: 'string' }, 'notice-ms': { type: 'string' }, 'spot-only': { type: 'boolean', default: false }, ...BENCH_OPTIONS,
 } });
 const run = startBench('survival', values);
 const sized = (flag: string | undefined, full: number, smoke: number): number => Number(flag ?? (run.smoke ? smoke : full));
@@ -52,7 +52,14 @@ const SETTINGS: readonly { readonly name: string; readonly idle: IdleStopAfter }
   ? [{ name: '0', idle: 0 }]
   : [{ name: '0', idle: 0 }, { name: '1min', idle: 60_000 / COMPRESS }, { name: '10min', idle: 600_000 / COMPRESS }, { name: 'never', idle: 'never' }];
 
+async function spotOnly(): Promise<void> {
+  // A development aid: the spot capacity part alone, printed, never written as the bench's result.
+  const spot = await runSpotCapacity({ groups: SPOT_GROUPS, mibPerGroup: SPOT_MIB, noticeMs: NOTICE_MS, log: (l) => console.log(`[survival] ${l}`) });
+  console.log(JSON.stringify(spot, null, 2));
+}
+
 async function main(): Promise<void> {
+  if (values['spot-only'] === true) return spotOnly();
   const log = (l: string) => console.log(`[survival] ${l}`);
   const runs: Record<string, SurvivalResult> = {};
   for (const s of SETTINGS) {
@@ -121,6 +128,7 @@ async function main(): Promise<void> {
     spot_all_restored_s: spot.allRestoredMs === undefined ? null : spot.allRestoredMs / 1000,
     spot_bytes_checkpointed: spot.bytesCheckpointed,
     spot_summary: spot.summary,
+    spot_lost_reasons: spot.lostReasons,
     per_setting: perSetting,
     notes,
   };

@@ -26,7 +26,7 @@ import { silentLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { StateStore } from '../../src/store/connection.ts';
-import { TEST_AGENT_SHA, spawnAgent, type ChildAgent } from '../../test/support/agent.ts';
+import { TEST_AGENT_SHA, spawnAgent, startAgent, type ChildAgent, type InProcessAgent } from '../../test/support/agent.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
 import { startTestNats, type TestNats } from '../../test/support/nats.ts';
 import { nativeSessionPath, writeNativeSession } from '../../test/support/native-session.ts';
@@ -391,6 +391,8 @@ export interface SpotCapacityResult {
   /** Notice → every group restored on another host, ms. */
   readonly allRestoredMs: number | undefined;
   readonly bytesCheckpointed: number;
+  /** Groups LOST in the evacuation, by reason. */
+  readonly lostReasons: Record<string, number>;
 }
 
 /**
@@ -403,7 +405,8 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
   const log = o.log ?? (() => undefined);
   let nats: TestNats | undefined;
   let hosts: DockerHost[] = [];
-  const agents = new Map<string, ChildAgent>();
+  // In-process agents: nothing here is killed, and the source host needs room for every group.
+  const agents = new Map<string, InProcessAgent>();
   let plane: ControlPlane | undefined;
   try {
     [nats, hosts] = await Promise.all([startTestNats(), startDockerHosts(3)]);
@@ -422,7 +425,7 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     const cp = plane;
     const notice = join(hosts[0]!.dir, 'reclaim-notice.json');
     const start = async (hostId: string, i: number) => {
-      agents.set(hostId, spawnAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, ...(i === 0 ? { reclaimNoticeFile: notice } : {}) } }));
+      agents.set(hostId, await startAgent(await nats!.connect(hostId), { hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, maxMembers: Math.max(64, 2 * o.groups), ...(i === 0 ? { reclaimNoticeFile: notice } : {}) } }));
       await waitFor(`${hostId} READY`, async () => ((await cp.repos.hosts.get(Keys.host(hostId)))?.value.lifecycle.state === 'READY' ? true : undefined), 120_000);
     };
     await start('host-a', 0);
@@ -454,12 +457,14 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     // What the host said (its last summary: the deadline's, or the final one if all settled first).
     const summary = cp.spot.summaryOf('host-a') as Record<string, unknown> | undefined;
     let allRestoredMs: number | undefined;
+    const lostReasons: Record<string, number> = {};
     try {
-      await waitFor('every group restored elsewhere', async () => {
+      const settled = await waitFor('every group restored elsewhere or LOST', async () => {
         const gs = await Promise.all(ids.map(async (id) => (await groupsRepo.get(Keys.group(id)))!.value));
-        return gs.every((g) => g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId !== 'host-a') ? true : undefined;
+        return gs.every((g) => g.lifecycle.state === 'LOST' || (g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId !== 'host-a')) ? gs : undefined;
       }, 600_000, 500);
-      allRestoredMs = Date.now() - noticeAt;
+      for (const g of settled) if (g.lifecycle.state === 'LOST') lostReasons[g.lifecycle.lostReason ?? 'unknown'] = (lostReasons[g.lifecycle.lostReason ?? 'unknown'] ?? 0) + 1;
+      if (Object.keys(lostReasons).length === 0) allRestoredMs = Date.now() - noticeAt;
     } catch (err) {
       log(String(err));
     }
@@ -473,12 +478,11 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     }
     return {
       groups: ids.length, mibPerGroup: o.mibPerGroup, noticeMs: o.noticeMs, summary,
-      savedBeforeDeadline: Number(summary?.savedBeforeDeadline ?? 0), checkpointedWithinNotice: within, allSavedMs, allRestoredMs, bytesCheckpointed: bytes,
+      savedBeforeDeadline: Number(summary?.savedBeforeDeadline ?? 0), checkpointedWithinNotice: within, allSavedMs, allRestoredMs, bytesCheckpointed: bytes, lostReasons,
     };
   } finally {
-    for (const a of agents.values()) a.kill('SIGKILL');
-    await Promise.allSettled([...agents.values()].map((a) => a.exited));
     await plane?.stop().catch(() => undefined);
+    await Promise.allSettled([...agents.values()].map((a) => a.stop()));
     await nats?.cleanup();
     await destroyAll(hosts);
   }
