@@ -262,5 +262,9 @@ export function promptRequest(requests: readonly RecordedRequest[], marker: stri
   return r!;
 }
 
-/** The fake's reply: an acknowledgement of the prompt's marker word. */
-export const ackMarker = (last: string): string => `ack ${/MARK-[A-Z0-9]+/.exec(last)?.[0] ?? 'none'}`;
+/**
+ * The fake's reply: an acknowledgement of the prompt's marker word — the LAST one in the last user
+ * message (after a failed turn, OpenCode and Kilo send the failed prompt and the new one as one
+ * message).
+ */
+export const ackMarker = (last: string): string => `ack ${last.match(/MARK-[A-Z0-9]+/g)?.at(-1) ?? 'none'}`;

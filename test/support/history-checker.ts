@@ -137,8 +137,11 @@ export interface FramingPattern {
 export interface AuxiliaryRequest {
   readonly name: string;
   matches(entries: readonly Entry[]): boolean;
-  /** The whole expected request, given every prompt of the session so far (the turn's own last). */
-  expected(prompts: readonly string[], actual: readonly Entry[]): Entry[];
+  /**
+   * The whole expected request, given every prompt of the session so far (the turn's own last); or
+   * the alternatives it may be (a side request made in the background may not see the newest prompt).
+   */
+  expected(prompts: readonly string[], actual: readonly Entry[]): Entry[] | Entry[][];
   /** Only in the session's first turn (a title is made once). */
   readonly firstTurnOnly: boolean;
 }
@@ -151,6 +154,11 @@ export interface HistoryProfile {
   /** Every non-prompt block / message of a session's first request must match one of these. */
   readonly framing: readonly FramingPattern[];
   readonly auxiliary?: readonly AuxiliaryRequest[];
+  /**
+   * Consecutive user turns reach the model as ONE user message (the AI SDK's Anthropic provider
+   * merges them): a prompt after a turn that kept no answer is appended to the previous message.
+   */
+  readonly mergesConsecutiveUser?: boolean;
 }
 
 /** The frame of one native session: its first request with the first prompt cut out. */
@@ -173,6 +181,12 @@ export interface HistoryTurn {
   readonly prompt: string;
   /** The assistant's answer the session kept; null when the turn left only its prompt (it failed). */
   readonly reply: string | null;
+  /**
+   * A turn with tool calls: everything the session keeps after the prompt, in order (assistant text
+   * and tool calls, the tool results, the final answer), instead of `reply`. The turn's own requests
+   * carry it step by step: the k-th one has the prompt and the exchange up to its k-th tool result.
+   */
+  readonly exchange?: readonly Entry[];
 }
 
 const assistant = (text: string): Entry => ({ role: 'assistant', blocks: [text] });
@@ -244,31 +258,48 @@ export class SessionHistory {
   expected(prompt: string): Entry[] {
     const f = this.#frame;
     if (f === undefined) throw new Error('the session has no frame yet: its first request teaches it');
-    const all = [...this.turns, { prompt, reply: null }];
+    const all: HistoryTurn[] = [...this.turns, { prompt, reply: null }];
     const out: Entry[] = [...f.lead, { role: 'user', blocks: [...f.promptPrefix, normalize(all[0]!.prompt), ...f.promptSuffix] }, ...f.trail];
     for (let i = 1; i < all.length; i++) {
       const before = all[i - 1]!;
-      if (before.reply !== null) out.push(assistant(normalize(before.reply)));
-      out.push({ role: 'user', blocks: [...f.everyPrefix, normalize(all[i]!.prompt), ...f.everySuffix] });
+      if (before.exchange !== undefined) out.push(...before.exchange);
+      else if (before.reply !== null) out.push(assistant(normalize(before.reply)));
+      const blocks = [...f.everyPrefix, normalize(all[i]!.prompt), ...f.everySuffix];
+      const last = out[out.length - 1]!;
+      const keptNothing = before.exchange === undefined && before.reply === null;
+      if (this.profile.mergesConsecutiveUser === true && keptNothing && last.role === 'user') out[out.length - 1] = { role: 'user', blocks: [...last.blocks, ...blocks] };
+      else out.push({ role: 'user', blocks });
     }
     return out;
   }
 
-  /** Problems with one request of a turn whose prompt is `prompt` (conversation or a known side request). */
-  problems(r: RecordedRequest, prompt: string): string[] {
+  /**
+   * Problems with one request of a turn whose prompt is `prompt` (conversation or a known side
+   * request); `exchange`: the turn's tool exchange, of which the request may carry a prefix that ends
+   * with a tool result.
+   */
+  problems(r: RecordedRequest, prompt: string, exchange?: readonly Entry[]): string[] {
     const entries = this.entries(r);
     const aux = this.profile.auxiliary?.find((a) => a.matches(entries));
     if (aux !== undefined) {
       if (aux.firstTurnOnly && this.turns.length > 0) return [`${aux.name} request in turn ${this.turns.length + 1}; it is made in a session's first turn only`];
       const prompts = [...this.turns.map((t) => t.prompt), prompt].map((p) => normalize(p));
-      return compareEntries(aux.expected(prompts, entries), entries).map((p) => `${aux.name} request: ${p}`);
+      const wanted = aux.expected(prompts, entries);
+      const alternatives = Array.isArray(wanted[0]) ? (wanted as Entry[][]) : [wanted as Entry[]];
+      if (alternatives.some((alt) => compareEntries(alt, entries).length === 0)) return [];
+      return compareEntries(alternatives[0]!, entries).map((p) => `${aux.name} request: ${p}`);
     }
     if (this.#frame === undefined) {
       const learned = learnFrame(this.profile, entries, normalize(prompt));
       if (typeof learned === 'string') return [learned];
       return [];
     }
-    return compareEntries(this.expected(prompt), entries);
+    const base = this.expected(prompt);
+    if (exchange === undefined) return compareEntries(base, entries);
+    // The longest step the request can be: the prompt, then the exchange up to a tool result.
+    const steps = [0, ...exchange.flatMap((e, i) => (e.role === 'user' ? [i + 1] : []))];
+    const step = steps.find((j) => compareEntries([...base, ...exchange.slice(0, j)], entries).length === 0);
+    return step !== undefined ? [] : compareEntries([...base, ...exchange.slice(0, Math.max(0, entries.length - base.length))], entries);
   }
 
   /**
@@ -283,7 +314,7 @@ export class SessionHistory {
       const aux = this.profile.auxiliary?.some((a) => a.matches(entries)) ?? false;
       if (!aux) conversation++;
       const teach = this.#frame === undefined && !aux;
-      const problems = this.problems(r, turn.prompt);
+      const problems = this.problems(r, turn.prompt, turn.exchange);
       if (teach && problems.length === 0) this.#learn(entries, turn.prompt);
       for (const p of problems) report.push(`request ${i + 1}/${requests.length} (${r.path}): ${p}`);
     }

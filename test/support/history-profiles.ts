@@ -53,14 +53,18 @@ const OPENCODE_TITLE: AuxiliaryRequest = {
   firstTurnOnly: true,
 };
 
-/** Kilo titles the task from every user message so far, oldest first, numbered and quoted. */
+/**
+ * Kilo titles the task from the user messages it holds when the (background) title request is made,
+ * oldest first, numbered: every prompt so far, or every one but the prompt being answered (observed
+ * both, by timing).
+ */
 const KILO_TITLE: AuxiliaryRequest = {
   name: 'kilo title',
   matches: isTitle,
-  expected: (prompts, actual) => [actual[0]!, {
+  expected: (prompts, actual) => [prompts, prompts.slice(0, -1)].filter((ps) => ps.length > 0).map((ps) => [actual[0]!, {
     role: 'user',
-    blocks: [`Generate a title for this conversation:\n\nTitle the task, not the reference. When the context is only a link, an issue or ticket number, or a filename, describe the work in general terms instead of restating the reference. Use issue numbers, URLs, or tracker IDs only when the task is specifically about them.\n\nUser messages, oldest to newest:\n${prompts.map((p, i) => `${i + 1}. ${p}`).join('\n')}`],
-  }],
+    blocks: [`Generate a title for this conversation:\n\nTitle the task, not the reference. When the context is only a link, an issue or ticket number, or a filename, describe the work in general terms instead of restating the reference. Use issue numbers, URLs, or tracker IDs only when the task is specifically about them.\n\nUser messages, oldest to newest:\n${ps.map((p, i) => `${i + 1}. ${p}`).join('\n')}`],
+  }]),
   firstTurnOnly: false,
 };
 
@@ -69,6 +73,7 @@ export const OPENCODE_HISTORY: HistoryProfile = {
   cli: 'opencode 1.18.33',
   framing: [{ name: 'system prompt', role: 'system', block: /^You are opencode, an interactive CLI tool that helps users with software engineering tasks\./ }],
   auxiliary: [OPENCODE_TITLE],
+  mergesConsecutiveUser: true,
 };
 
 /** Kilo CLI 7.7.7 behind the live bridge (`kilo serve`, Anthropic Messages provider). */
@@ -80,4 +85,5 @@ export const KILO_HISTORY: HistoryProfile = {
     { name: 'environment details', role: 'user', block: /^\n\n<environment_details>\nMessage time: <timestamp>\nWorking directory: \/\nWorkspace root folder: \/\n<\/environment_details>$/, everyPrompt: true },
   ],
   auxiliary: [KILO_TITLE],
+  mergesConsecutiveUser: true,
 };

@@ -33,6 +33,11 @@ export interface SandboxImageSpec {
   readonly extraTrees?: readonly ExtraTree[];
   /** Appended to the tag (`sandboxfleet/sandbox:bridge4-<suffix>`); required with extraFiles. */
   readonly tagSuffix?: string;
+  /**
+   * The real helper at HELPER_PATH instead of the stand-in script (e.g. the project's live bridge,
+   * test/support/live-bridge-image.ts); its `--version` must print helperVersion. Needs a tagSuffix.
+   */
+  readonly helper?: ExtraFile;
 }
 
 export interface ExtraTree {
@@ -95,7 +100,7 @@ function walk(dir: string, rel = ''): Array<{ rel: string; kind: 'dir' | 'file' 
   return out;
 }
 
-async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = [], extraTrees: readonly ExtraTree[] = [], helperOutput?: string): Promise<Buffer> {
+async function rootfsTar(helperVersion: number | null, extraFiles: readonly ExtraFile[] = [], extraTrees: readonly ExtraTree[] = [], helperOutput?: string, helper?: ExtraFile): Promise<Buffer> {
   const pack = tar.pack();
   const mtime = new Date(0);
   const dir = (name: string, mode = 0o755, uid = 0): void => {
@@ -115,7 +120,8 @@ async function rootfsTar(helperVersion: number | null, extraFiles: readonly Extr
   for (const path of applets) pack.entry({ name: path, type: 'symlink', linkname: '/bin/busybox', mode: 0o777, mtime });
   file('etc/passwd', PASSWD);
   file('etc/group', GROUP);
-  if (helperVersion !== null) file(HELPER_PATH.slice(1), helperScript(helperVersion, helperOutput), 0o755);
+  if (helper !== undefined) file(HELPER_PATH.slice(1), readFileSync(helper.source), helper.mode);
+  else if (helperVersion !== null) file(HELPER_PATH.slice(1), helperScript(helperVersion, helperOutput), 0o755);
   const made = new Set<string>();
   for (const f of [...extraFiles].sort((a, b) => a.path.localeCompare(b.path))) {
     const parts = f.path.slice(1).split('/');
@@ -194,16 +200,16 @@ export function buildSandboxImage(builder: Docker, spec: SandboxImageSpec): Prom
   const key = `${spec.bridgeVersion}/${helperVersion}/${spec.tagSuffix ?? ''}/${spec.helperOutput ?? ''}`;
   let p = inFlight.get(key);
   if (!p) {
-    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix, spec.extraTrees ?? [], spec.helperOutput);
+    p = build(builder, spec.bridgeVersion, helperVersion, spec.extraFiles ?? [], spec.tagSuffix, spec.extraTrees ?? [], spec.helperOutput, spec.helper);
     inFlight.set(key, p);
     p.catch(() => inFlight.delete(key));
   }
   return p;
 }
 
-async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined, extraTrees: readonly ExtraTree[], helperOutput?: string): Promise<SandboxImage> {
-  if ((extraFiles.length > 0 || extraTrees.length > 0 || helperOutput !== undefined) && tagSuffix === undefined) throw new Error('an image with extra files or a custom helper output needs a tagSuffix');
-  const rootfs = await rootfsTar(helperVersion, extraFiles, extraTrees, helperOutput);
+async function build(builder: Docker, bridgeVersion: number | null, helperVersion: number | null, extraFiles: readonly ExtraFile[], tagSuffix: string | undefined, extraTrees: readonly ExtraTree[], helperOutput?: string, helper?: ExtraFile): Promise<SandboxImage> {
+  if ((extraFiles.length > 0 || extraTrees.length > 0 || helperOutput !== undefined || helper !== undefined) && tagSuffix === undefined) throw new Error('an image with extra files, a custom helper output or a real helper needs a tagSuffix');
+  const rootfs = await rootfsTar(helperVersion, extraFiles, extraTrees, helperOutput, helper);
   const changes = changesFor(bridgeVersion);
   const reference = `${referenceFor(bridgeVersion, helperVersion)}${tagSuffix === undefined ? '' : `-${tagSuffix}`}`;
   const digest = createHash('sha256').update(`recipe ${RECIPE_VERSION}\n`).update(JSON.stringify({ changes, reference })).update(rootfs).digest('hex');

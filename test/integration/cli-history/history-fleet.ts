@@ -2,6 +2,7 @@
 // control plane) whose sandbox image carries the CLI, host-a's agent running with host networking
 // (the CLIs reach the loopback fake model API), the runner gRPC API over mTLS with a runner SDK
 // client, and the fake. host-b's agent is started by `drainToHostB`, the migration step.
+import { rm } from 'node:fs/promises';
 import { expect } from 'vitest';
 import { ApiServer } from '../../../src/api/runner-server.ts';
 import type { ControlPlaneConfig } from '../../../src/config/control-plane.ts';
@@ -11,7 +12,7 @@ import { ContextState } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { BeginTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { RunnerClient, RunnerError } from '../../../src/runner-sdk/index.ts';
 import { createTestPki, type TestPki } from '../../support/certs.ts';
-import { ackMarker, startFakeModelApi, type FakeModelApi } from '../../support/fake-model-api.ts';
+import { ackMarker, startFakeModelApi, type FakeModelApi, type ReplyScript } from '../../support/fake-model-api.ts';
 import type { SandboxImageSpec } from '../../support/sandbox-image.ts';
 import { startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
 
@@ -27,6 +28,12 @@ export interface HistoryFleet {
   /** Stop the group, start host-b, drain host-a, and wait until the group is STOPPED on host-b. */
   drainToHostB(groupId: string): Promise<void>;
   /**
+   * Unplanned loss (R-G6): the group must be cleanly STOPPED with its checkpoint. Start host-b, then
+   * kill host-a (agent gone, dockerd stopped, data root deleted) and wait until the group is restored
+   * and STOPPED on host-b.
+   */
+  killHostAAndRestoreOnB(groupId: string): Promise<void>;
+  /**
    * The migration case every CLI shares (R-G3, R-G5): drain the group to host-b, run `turn('MARK-FOUR')`
    * there, and expect RESTORED on host-b under the saved locator, the CLI reporting that same session
    * (`observed`), and the model API receiving the first three turns' history once, in order (`sent`).
@@ -41,8 +48,14 @@ export interface HistoryFleet {
  * `config`: control-plane settings that depend on the fake's URL — e.g. the CLI profiles RunTurn
  * runs the CLIs with (binary, and the environment that points them at the fake).
  */
-export async function startHistoryFleet(image: SandboxImageSpec, options: { config?: (apiUrl: string) => Partial<ControlPlaneConfig> } = {}): Promise<HistoryFleet> {
-  const api = await startFakeModelApi(ackMarker);
+export async function startHistoryFleet(image: SandboxImageSpec, options: {
+  config?: (apiUrl: string) => Partial<ControlPlaneConfig>;
+  /** Host-agent settings besides host networking, e.g. the member commands that start a CLI behind the live bridge. */
+  agent?: (apiUrl: string) => Record<string, unknown>;
+  /** How the fake model API answers (default: `ack <marker>`). */
+  reply?: ReplyScript;
+} = {}): Promise<HistoryFleet> {
+  const api = await startFakeModelApi(options.reply ?? ackMarker);
   let fleet: Fleet | undefined;
   let pki: TestPki | undefined;
   let server: ApiServer | undefined;
@@ -58,7 +71,8 @@ export async function startHistoryFleet(image: SandboxImageSpec, options: { conf
     [fleet, pki] = await Promise.all([startFleet(2, options.config?.(api.url) ?? {}, { image }), createTestPki()]);
     const f = fleet;
     const plane = await f.startPlane();
-    await f.startAgentOn('host-a', 0, AGENT);
+    const agent = { ...AGENT, ...(options.agent?.(api.url) ?? {}) };
+    await f.startAgentOn('host-a', 0, agent);
     await f.waitFor('host-a READY', async () => ((await f.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
     server = await ApiServer.start({ runner: plane.runner, exec: plane.exec, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } } });
     const client = new RunnerClient({ address: `127.0.0.1:${server.port}`, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key }, deadlineMs: 120_000 });
@@ -71,13 +85,30 @@ export async function startHistoryFleet(image: SandboxImageSpec, options: { conf
       runtimeOf: (hostId) => new DockerRuntime(f.hosts.find((h) => h.name === hostId)!.docker),
       async drainToHostB(groupId) {
         await client.stopGroup({ groupId });
-        await f.startAgentOn('host-b', 1, AGENT);
+        await f.startAgentOn('host-b', 1, agent);
         await f.waitFor('host-b READY', async () => ((await f.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
         expect(await plane.drainHost('host-a')).toBe(true);
         await f.waitFor('group moved to host-b', async () => {
           const g = await f.group(groupId);
           if (g.lifecycle.state === 'LOST') throw new Error(`group LOST: ${g.lifecycle.lostReason}`);
           return g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId === 'host-b' && g.evacuation === undefined ? true : undefined;
+        }, 120_000);
+      },
+      async killHostAAndRestoreOnB(groupId) {
+        const g = await f.group(groupId);
+        expect(g.lifecycle).toMatchObject({ state: 'STOPPED', hostId: 'host-a' });
+        expect(g.latestCheckpointId).toBeTruthy();
+        if (!f.agents.has('host-b')) {
+          await f.startAgentOn('host-b', 1, agent);
+          await f.waitFor('host-b READY', async () => ((await f.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
+        }
+        await f.stopAgent('host-a');
+        await f.hosts[0]!.stop();
+        await rm(f.hosts[0]!.dataRoot, { recursive: true, force: true });
+        await f.waitFor('group restored on host-b', async () => {
+          const now = await f.group(groupId);
+          if (now.lifecycle.state === 'LOST') throw new Error(`group LOST: ${now.lifecycle.lostReason}`);
+          return now.lifecycle.state === 'STOPPED' && now.lifecycle.hostId === 'host-b' && now.evacuation === undefined ? true : undefined;
         }, 120_000);
       },
       async expectSameSessionAfterDrain(groupId, turn, observed, sent) {
