@@ -35,6 +35,8 @@ import { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, keyText, tarName, walkUpperDir, type
  * keep would leave that stat unchanged.
  */
 export const RACY_MARGIN_NS = 2_000_000_000n;
+/** Old chunks fetched ahead (those at the edges of unchanged runs), at most. */
+const PREFETCH_OLD_CHUNKS = 8;
 /** Default: every 10th capture of an upper dir reads everything. */
 export const DEFAULT_FULL_CAPTURE_EVERY = 10;
 
@@ -124,6 +126,8 @@ function plan(upperDir: string, walk: readonly WalkEntry[], options: StoreLayerO
 interface ChunkSink {
   put(data: Buffer): Promise<void>;
   exists(digest: string): number;
+  /** A stored chunk's bytes, verified. */
+  get(ref: ChunkRef): Promise<Buffer>;
   flush(): Promise<{ refs: ChunkRef[]; stats: WriterStats; missing: readonly number[]; layerDigest: string | null }>;
   abort(): Promise<void>;
 }
@@ -141,6 +145,7 @@ function inlineSink(store: ChunkStore, maxInFlight: number, hashLayer: boolean):
       refs.push(ref);
       await ref;
     },
+    get: (ref) => store.get(ref),
     exists(digest) {
       const p = store.has(digest);
       p.catch(() => undefined);
@@ -225,7 +230,13 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
   const old = p.previous === undefined ? undefined : oldLayerOf(p.previous.layer.chunks);
   /** The new layer's chunks in order: a new one (by its put order) or an old one (by index). */
   const items: ({ readonly fresh: number } | { readonly old: number })[] = [];
-  const checked = new Set<number>();
+  /** Old chunk index → the index of its existence check (each checked once). */
+  const checkOf = new Map<number, number>();
+  const check = (k: number): void => {
+    if (!checkOf.has(k)) checkOf.set(k, sink.exists(p.previous!.layer.chunks[k]!.digest));
+  };
+  /** Old chunks reused in the new layer (only their absence from the store matters). */
+  const reused = new Set<number>();
   let putCount = 0;
   const emit = async (e: Emitted): Promise<void> => {
     if (e.kind === 'new') {
@@ -235,18 +246,39 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
       return;
     }
     items.push({ old: e.index });
-    if (!checked.has(e.index)) {
-      checked.add(e.index);
-      sink.exists(p.previous!.layer.chunks[e.index]!.digest);
-    }
+    reused.add(e.index);
+    check(e.index);
   };
-  const readOld = async (k: number): Promise<Buffer> => {
+  const fetchOld = async (k: number): Promise<Buffer> => {
     try {
-      return await store.get(p.previous!.layer.chunks[k]!);
+      return await sink.get(p.previous!.layer.chunks[k]!);
     } catch (err) {
       if (err instanceof ChunkStoreError && (err.reason === 'chunk_missing' || err.reason === 'chunk_digest_mismatch')) throw new ReuseUnavailable(`old chunk ${k}: ${err.message}`);
       throw err;
     }
+  };
+  // Latency, not CPU, is what an incremental capture waits for (store round trips behind tar's
+  // reading): the old chunks inside unchanged runs are checked now, and the old bytes the chunker
+  // will need at the edges of those runs are fetched now, while tar reads what changed.
+  const prefetched = new Map<number, Promise<Buffer>>();
+  if (old !== undefined) {
+    for (const run of reusedRuns(p)) {
+      const first = containing(old.offsets, run.start);
+      const last = containing(old.offsets, run.end - 1);
+      for (let k = first; k <= last; k++) if (old.offsets[k]! >= run.start && old.offsets[k + 1]! <= run.end) check(k);
+      for (const k of [first, last]) {
+        if (prefetched.size < PREFETCH_OLD_CHUNKS && !prefetched.has(k)) {
+          const data = fetchOld(k);
+          data.catch(() => undefined); // awaited by readOld, if needed at all
+          prefetched.set(k, data);
+        }
+      }
+    }
+  }
+  const readOld = (k: number): Promise<Buffer> => {
+    const early = prefetched.get(k);
+    prefetched.delete(k);
+    return early ?? fetchOld(k);
   };
   const chunker = new FastCdcChunker(s.chunker, slabs?.allocate ?? Buffer.allocUnsafe);
   const assembler = new LayerAssembler(chunker, old, readOld, emit, s.chunker.maxSize);
@@ -347,7 +379,8 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
     throw err;
   }
   const flushed = await sink.flush();
-  if (flushed.missing.length > 0) throw new ReuseUnavailable(`${flushed.missing.length} reused chunk(s) are no longer in the store`);
+  const gone = [...checkOf].filter(([k, c]) => reused.has(k) && flushed.missing.includes(c));
+  if (gone.length > 0) throw new ReuseUnavailable(`${gone.length} reused chunk(s) are no longer in the store`);
   const chunks = items.map((it) => ('fresh' in it ? flushed.refs[it.fresh]! : p.previous!.layer.chunks[it.old]!));
   const size = chunks.reduce((n, c) => n + c.size, 0);
   if (size !== assembler.position) throw new LayerTransferError('capture_failed', `chunked ${size} bytes of a ${assembler.position}-byte layer`);
@@ -430,6 +463,30 @@ class SlabPool {
     this.uses.delete(slab);
     if (this.free.length < this.keep) this.free.push(slab);
   }
+}
+
+/** The old layer's byte ranges the plan copies, as contiguous runs of adjacent old records. */
+function reusedRuns(p: Plan): { start: number; end: number }[] {
+  const runs: { start: number; end: number }[] = [];
+  for (const o of p.reuse) {
+    if (o === undefined) continue;
+    const last = runs[runs.length - 1];
+    if (last !== undefined && last.end === o.start) last.end = o.end;
+    else runs.push({ start: o.start, end: o.end });
+  }
+  return runs.filter((r) => r.end > r.start);
+}
+
+/** Index of the chunk holding offset `o` (offsets as in layer-assembler.ts OldLayer). */
+function containing(offsets: readonly number[], o: number): number {
+  let lo = 0;
+  let hi = offsets.length - 2;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >>> 1;
+    if (offsets[mid]! <= o) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 /** Data bytes in an old record: a regular file's size (a directory's st_size is no data), within the record. */

@@ -4,15 +4,19 @@
 // extract), with a precise machine-readable reason in the command result, while the agent's
 // heartbeats stay on time. The agent-level cases use the default limits; the configured limits
 // (entry bomb, size bomb) and the per-host chunk cache are driven through CheckpointOps with a
-// parsed agent configuration on the same real engine and store.
+// parsed agent configuration on the same real engine and store; so are version-2 checkpoints (issue
+// #17: a checkpoint reads only what changed since the last one of the container on this host).
 // The 1,000,000-entry and 1 GiB figures come from bench/restore-bounds/run.ts, not from here.
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { pino } from 'pino';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
 import { CommandOutcome, Heartbeat } from '../../../src/gen/sandboxfleet/v1/agent.ts';
+import { CliKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
+import { CaptureIndexStore } from '../../../src/host-agent/layer/capture-index.ts';
 import { CheckpointOps } from '../../../src/host-agent/checkpoint-ops.ts';
 import { CommandError } from '../../../src/host-agent/command-error.ts';
 import { layerRestoreSettingsOf, parseHostAgentConfig, type HostAgentConfigInput } from '../../../src/host-agent/config.ts';
@@ -25,7 +29,7 @@ import { Collector, TEST_AGENT_SHA, registrationResponder, sendCommand, startAge
 import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { provisionSandboxImage, type SandboxImage } from '../../support/sandbox-image.ts';
-import { BRIDGE, entryBomb, filesLayer, header, recordTarInvocations, stagingDirs, storeLayerBytes, testManifest, wireManifest } from './restore-fixtures.ts';
+import { BRIDGE, CLEAN_STOP, entryBomb, filesLayer, header, recordTarInvocations, stagingDirs, storeLayerBytes, testManifest, wireManifest } from './restore-fixtures.ts';
 
 const HOST = 'host-t';
 const HEARTBEAT_MS = 250;
@@ -137,8 +141,9 @@ describe('the host agent refuses a hostile layer before extracting anything', ()
 
 describe('configured limits and the chunk cache (CheckpointOps on the same engine and store)', () => {
   const cacheDir = join(scratch, 'cache');
-  const opsWith = (overrides: Partial<HostAgentConfigInput>) => {
+  const opsWith = (overrides: Partial<HostAgentConfigInput>, logs?: Record<string, unknown>[]) => {
     const config = parseHostAgentConfig({ hostId: HOST, natsUrl: nats!.server.url, imageRef: image.reference, agentSha: TEST_AGENT_SHA, dockerSocket: host!.socketPath, layerCacheDir: cacheDir, layerCacheMaxBytes: 64 * MiB, ...overrides });
+    const logger = logs === undefined ? undefined : pino({ level: 'info' }, { write: (line: string) => void logs.push(JSON.parse(line) as Record<string, unknown>) });
     const runtime = new DockerRuntime(host!.docker);
     const metrics = new FleetMetrics();
     const ops = new CheckpointOps({
@@ -154,6 +159,7 @@ describe('configured limits and the chunk cache (CheckpointOps on the same engin
       nowMs: Date.now,
       workerConnection: { servers: nats!.server.url },
       layerRestore: layerRestoreSettingsOf(config),
+      logger,
     });
     return { ops, metrics };
   };
@@ -200,6 +206,42 @@ describe('configured limits and the chunk cache (CheckpointOps on the same engin
     expect(declared).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'layer_size_limit' });
     expect(tar.extractions()).toEqual([]);
     expect(await new DockerRuntime(host!.docker).listMembers('g-size')).toEqual([]);
+  });
+
+  it('version-2 checkpoints: the second reads only what changed (index saved after the manifest), and each restores', async () => {
+    const indexDir = join(scratch, 'index');
+    const logs: Record<string, unknown>[] = [];
+    const { ops } = opsWith({ layerManifestVersion: 2, layerIndexDir: indexDir }, logs);
+    // A member holding a layer, restored from a version-1 checkpoint: old manifests stay readable.
+    const layer = await storeLayerBytes(store, filesLayer([2 * MiB, 3000, 50_000]));
+    const v1 = testManifest('g-incr', 'cp-0', layer, image.imageId);
+    await store.putManifest(v1);
+    expect((await ops.restore(restoreCmd('g-incr', v1), 1)).verified).toBe(true);
+    const [member] = await new DockerRuntime(host!.docker).listMembers('g-incr');
+    const upper = member!.upperDir!;
+    const cmd = (checkpointId: string) => ({ groupId: 'g-incr', checkpointId, members: [{ memberId: 'm1', kind: CliKind.CLAUDE_CODE, savedLocator: '', nativeSessionPaths: [] }], cleanStop: CLEAN_STOP, activityVersion: 1, lastCompletedTurnId: '' });
+    const captured = (): Record<string, unknown> => logs.filter((l) => l.msg === 'member layer captured').at(-1)!;
+    // Past the racy margin: the files were written by the restore a moment ago.
+    await new Promise((r) => setTimeout(r, 2_100));
+    const first = await ops.checkpoint(cmd('cp-1'), 1);
+    expect(first.schemaVersion).toBe(2);
+    expect(captured()).toMatchObject({ mode: 'full', reason: 'no index of a previous capture' });
+    const indexes = new CaptureIndexStore(indexDir);
+    expect((await indexes.load('g-incr', 'm1', member!.id))?.capturesSinceFull).toBe(0);
+    // A conversation turn appends to one file: only it (its prefix hashed, not stored again) is read.
+    appendFileSync(join(upper, 'data/file-2.bin'), 'one more line\n');
+    const second = await ops.checkpoint(cmd('cp-2'), 1);
+    expect(captured()).toMatchObject({ mode: 'incremental', readEntries: 1 });
+    expect(captured().reusedEntries).toBe((captured().walkedEntries as number) - 1);
+    expect((await indexes.load('g-incr', 'm1', member!.id))?.capturesSinceFull).toBe(1);
+    // Both restore (a new generation each), the second with the appended line.
+    for (const [generation, m] of [[2, first], [3, second]] as const) {
+      const out = await ops.restore({ groupId: 'g-incr', manifest: m }, generation);
+      expect(out.verified).toBe(true);
+      const c = (await new DockerRuntime(host!.docker).listMembers('g-incr')).find((x) => x.member?.placementGeneration === generation)!;
+      expect(readFileSync(join(c.upperDir!, 'data/file-0.bin')).equals(readFileSync(join(upper, 'data/file-0.bin')))).toBe(true);
+      expect(readFileSync(join(c.upperDir!, 'data/file-2.bin'), 'latin1').endsWith('one more line\n')).toBe(generation === 3);
+    }
   });
 
   it('the extraction pass reads the chunk cache the validation pass filled; a group coming back fetches nothing; a corrupt cached chunk is fetched again', async () => {
