@@ -80,6 +80,15 @@ default
 {{- default (printf "%s-leader" (include "sandbox-fleet.fullname" .)) .Values.controlPlane.leaderElection.leaseName -}}
 {{- end -}}
 
+{{/* "true" when the chart owns the leader Lease (leader-lease.yaml): no such Lease yet, or this
+release's. Empty when a Lease of the same name exists that the release does not own. */}}
+{{- define "sandbox-fleet.ownsLease" -}}
+{{- $live := lookup "coordination.k8s.io/v1" "Lease" .Release.Namespace (include "sandbox-fleet.leaseName" .) -}}
+{{- if or (not $live) (eq (dig "metadata" "annotations" "meta.helm.sh/release-name" "" $live) .Release.Name) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* NATS URL shared by control plane and agents: the in-chart server or the external cluster. */}}
 {{- define "sandbox-fleet.natsUrl" -}}
 {{- if .Values.nats.embedded -}}

@@ -153,6 +153,7 @@ describe('helm template with default values', () => {
         'ConfigMap/sf-sandbox-fleet-nats',
         'DaemonSet/sf-sandbox-fleet-host-agent',
         'Deployment/sf-sandbox-fleet-control-plane',
+        'Lease/sf-sandbox-fleet-leader',
         'NetworkPolicy/sf-sandbox-fleet-nats',
         'PodDisruptionBudget/sf-sandbox-fleet-control-plane',
         'Role/sf-sandbox-fleet-leader-election',
@@ -222,12 +223,26 @@ describe('helm template with default values', () => {
     ]);
   });
 
+  it('owns the leader Lease, empty (the control plane writes its holder), so uninstall removes it', () => {
+    const lease = find(objects, 'Lease', `${FULLNAME}-leader`);
+    expect(lease.apiVersion).toBe('coordination.k8s.io/v1');
+    expect(lease.spec).toEqual({});
+    const deploy = find(objects, 'Deployment', `${FULLNAME}-control-plane`);
+    expect(env(container(deploy.spec.template.spec)).get('SANDBOXFLEET_LEASE_NAME')?.value).toBe(lease.metadata.name);
+  });
+
+  it('keeps the NATS volume claim on uninstall unless deleteOnUninstall says otherwise', async () => {
+    expect(find(objects, 'StatefulSet', `${FULLNAME}-nats`).spec.persistentVolumeClaimRetentionPolicy).toBeUndefined();
+    const deleting = await template(['--set', 'nats.server.storage.deleteOnUninstall=true']);
+    expect(find(deleting, 'StatefulSet', `${FULLNAME}-nats`).spec.persistentVolumeClaimRetentionPolicy).toEqual({ whenDeleted: 'Delete', whenScaled: 'Retain' });
+  });
+
   it('grants the control plane Node reads and its own Lease, nothing more', () => {
     const cr = find(objects, 'ClusterRole', `${NAMESPACE}-${FULLNAME}-node-reader`);
     expect(cr.rules).toEqual([{ apiGroups: [''], resources: ['nodes'], verbs: ['get', 'list', 'watch'] }]);
     const role = find(objects, 'Role', `${FULLNAME}-leader-election`);
+    // No `create`: the chart owns the Lease (an uninstall must not see it written again).
     expect(role.rules).toEqual([
-      { apiGroups: ['coordination.k8s.io'], resources: ['leases'], verbs: ['create'] },
       { apiGroups: ['coordination.k8s.io'], resources: ['leases'], resourceNames: [`${FULLNAME}-leader`], verbs: ['get', 'update'] },
     ]);
     for (const binding of [find(objects, 'ClusterRoleBinding', `${NAMESPACE}-${FULLNAME}-node-reader`), find(objects, 'RoleBinding', `${FULLNAME}-leader-election`)]) {
