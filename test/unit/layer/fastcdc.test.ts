@@ -65,6 +65,12 @@ describe('FastCdcChunker', () => {
     expect(newBytes).toBeLessThan(1024 * 1024 + 3 * DEFAULT_CHUNKER_OPTIONS.maxSize);
   });
 
+  it('cuts where it always did: the cut points are part of the chunk format (dedup with older checkpoints, capture indexes)', () => {
+    // 6 MiB of AES-CTR keystream then 2 MiB of repeated JSONL, pushed in 100,000-byte pieces.
+    const input = Buffer.concat([pseudoRandom(6 * 1024 * 1024, 9), Buffer.alloc(2 * 1024 * 1024, '{"role":"user","text":"hello"}\n')]);
+    expect(chunk(input, 100_000).map((c) => c.length)).toEqual([611802, 764568, 826541, 226384, 603009, 997607, 577442, 621653, 290252, 1024000, 1024000, 821350]);
+  });
+
   it('refuses inconsistent sizes', () => {
     expect(() => new FastCdcChunker({ minSize: 10, avgSize: 5, maxSize: 20 })).toThrow(RangeError);
   });
