@@ -14,6 +14,7 @@ export { DEFAULT_MAX_TEXT_CHARS, MAX_ERROR_CHARS, NATIVE_END_KINDS, TRANSPORT_KI
 export { DetectorOptionError, type DetectorOptions, type TurnEndDetector } from './detector.ts';
 export { createClaudeCodeDetector } from './claude-code.ts';
 export { createCodexDetector, type CodexDetectorOptions } from './codex.ts';
+export { createCodexExecDetector } from './codex-exec.ts';
 export { createPiDetector } from './pi.ts';
 export { createKiloDetector, createOpenCodeDetector, type LiveBridgeDetectorOptions } from './live-bridge.ts';
 export { createDetector, type AnyDetectorOptions } from './factory.ts';
