@@ -10,7 +10,7 @@
 // An incremental capture also asks it whether the old chunks it reuses are still stored (a stream
 // info filtered to the chunk's subject: no chunk bytes move), so a manifest never names a chunk that
 // garbage collection removed, and to fetch the old chunks whose bytes it feeds its chunker (off the
-// main thread, which assembling ~512 KiB messages in the NATS client cost ~10 ms each, profiled);
+// main thread, where assembling ~512 KiB messages in the NATS client cost ~10 ms each, profiled);
 // and a version-1 capture has it hash the whole layer in chunk order.
 // Pooled: starting a worker and its connection costs 50-200 ms (measured here), as much as a whole
 // incremental checkpoint, so one idle worker per connection is kept for IDLE_MS (unref'd: it never
@@ -118,7 +118,7 @@ parentPort.on('message', (m) => {
       return;
     }
     if (m.op === 'get') {
-      // An old chunk's bytes (an incremental capture feeds them to its chunker): verified, in shared memory.
+      // An old chunk's bytes (an incremental capture feeds them to its chunker): verified, moved over.
       await ready.catch(() => undefined);
       track(j, (async () => {
         try {
@@ -127,9 +127,9 @@ parentPort.on('message', (m) => {
           if (msg === null) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_missing', message: 'chunk ' + m.digest + ' is not in the store' } });
           const digest = 'sha256:' + createHash('sha256').update(msg.data).digest('hex');
           if (msg.data.length !== m.size || digest !== m.digest) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_digest_mismatch', message: 'chunk ' + m.digest + ' does not verify' } });
-          const shared = new Uint8Array(new SharedArrayBuffer(msg.data.length));
-          shared.set(msg.data);
-          parentPort.postMessage({ op: 'got', id: m.id, data: shared });
+          const own = new Uint8Array(msg.data.length);
+          own.set(msg.data);
+          parentPort.postMessage({ op: 'got', id: m.id, data: own }, [own.buffer]);
         } catch (err) {
           parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'transfer_failed', message: String(err && err.message || err) } });
         }
@@ -357,8 +357,8 @@ export class WorkerChunkWriter {
   }
 
   /**
-   * A stored chunk's bytes, verified against its digest, in shared memory: the old bytes an
-   * incremental capture feeds its chunker (needs the stream named in the options).
+   * A stored chunk's bytes, verified against its digest: the old bytes an incremental capture feeds
+   * its chunker (needs the stream named in the options).
    */
   get(ref: ChunkRef): Promise<Buffer> {
     if (this.#failure) return Promise.reject(new ChunkStoreError('transfer_failed', `chunk fetch failed: ${this.#failure.message}`));

@@ -48,12 +48,12 @@ const EVICT_TO = 0.9;
 
 const instances = new Map<string, Promise<ChunkCache>>();
 
-/** `file` read into shared memory when it holds exactly `size` bytes; undefined otherwise. */
-async function readShared(file: string, size: number): Promise<Buffer | undefined> {
+/** `file` read into a buffer of its own when it holds exactly `size` bytes; undefined otherwise. */
+async function readExactly(file: string, size: number): Promise<Buffer | undefined> {
   const fh = await open(file, 'r');
   try {
     if ((await fh.stat()).size !== size) return undefined;
-    const data = Buffer.from(new SharedArrayBuffer(size));
+    const data = Buffer.allocUnsafeSlow(size);
     let at = 0;
     while (at < size) {
       const { bytesRead } = await fh.read(data, at, size - at, at);
@@ -164,11 +164,7 @@ export class ChunkCache {
     };
   }
 
-  /**
-   * The chunk's bytes if cached AND they verify (size and sha256); otherwise undefined. In shared
-   * memory: a restore hands them to its layer worker, and may keep them for its second pass, without
-   * a copy.
-   */
+  /** The chunk's bytes if cached AND they verify (size and sha256); otherwise undefined. A buffer of its own (transferable). */
   async get(ref: ChunkRef): Promise<Buffer | undefined> {
     const entry = this.entries.get(ref.digest);
     if (entry === undefined || !entry.ready) {
@@ -178,7 +174,7 @@ export class ChunkCache {
     const file = this.fileOf(ref.digest);
     let data: Buffer | undefined;
     try {
-      data = await readShared(file, ref.size);
+      data = await readExactly(file, ref.size);
     } catch {
       this.drop(ref.digest); // gone from disk (removed by hand): forget it
       this.stats.misses += 1;

@@ -97,19 +97,16 @@ interface ChunkCounts {
   readonly stored: ChunkRef[];
 }
 
-/** Chunks pass 1 keeps for pass 2, by index (in shared memory: the layer worker only reads them). */
+/** Chunks pass 1 keeps for pass 2, by index (buffers of their own, moved to the layer worker in pass 2). */
 interface Retained {
   readonly chunks: (Buffer | undefined)[];
   bytes: number;
 }
 type KeptChunks = { readonly chunks: readonly (Buffer | undefined)[] };
 
-/**
- * A buffer this code alone holds, or shared memory nobody writes (store reads may be views into the
- * NATS client's receive buffer).
- */
-function own(data: Buffer): Buffer {
-  if (data.buffer instanceof SharedArrayBuffer || (data.byteOffset === 0 && data.byteLength === data.buffer.byteLength)) return data;
+/** A buffer this code alone holds (store reads may be views into the NATS client's receive buffer); `copy`: always a new one. */
+function own(data: Buffer, copy = false): Buffer {
+  if (!copy && !(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength) return data;
   const out = Buffer.allocUnsafeSlow(data.length); // its own ArrayBuffer (never the shared pool)
   data.copy(out);
   return out;
@@ -129,7 +126,12 @@ const CACHE_PUTS_IN_FLIGHT = 8;
  */
 async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts, retained?: KeptChunks, keep?: Retained): AsyncGenerator<Buffer> {
   const cache = options.cache?.enabled === true ? options.cache : undefined;
-  const kept = (i: number): Buffer | undefined => retained?.chunks[i];
+  // A kept chunk is moved to the layer worker in pass 2 (its last use): one that is already moved
+  // (a second extraction of the same verified layer) reads as not kept.
+  const kept = (i: number): Buffer | undefined => {
+    const data = retained?.chunks[i];
+    return data !== undefined && data.length === layer.chunks[i]!.size ? data : undefined;
+  };
   const cached = layer.chunks.map((c, i) => kept(i) === undefined && cache?.has(c.digest) === true);
   const missing = layer.chunks.filter((_, i) => kept(i) === undefined && !cached[i]);
   const inFlight = options.maxInFlight ?? DEFAULT_READ_IN_FLIGHT;
@@ -174,10 +176,13 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
         counts.fetchedBytes += data.length;
         written = writeBack(ref, data);
       }
-      // Pass 1 keeps what the budget allows, in shared memory (what the layer worker is given is shared too).
-      if (keep !== undefined && data.buffer instanceof SharedArrayBuffer && options.retain?.take(data.length) === true) {
+      // Pass 1 keeps what the budget allows and gives the layer worker a copy (the worker takes
+      // what it is given: moved buffers free deterministically, shared ones only when every thread
+      // has collected them).
+      if (keep !== undefined && options.retain?.take(data.length) === true) {
         keep.chunks[i] = data;
         keep.bytes += data.length;
+        data = own(data, true);
       }
       const entry = { data, written, done: false };
       void written.then(() => (entry.done = true), () => undefined);
