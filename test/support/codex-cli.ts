@@ -21,24 +21,3 @@ export function codexImageFiles(): ExtraFile[] {
 export function codexConfigToml(apiUrl: string): string {
   return ['model = "fake-model"', 'model_provider = "fake"', '[model_providers.fake]', 'name = "fake"', `base_url = "${apiUrl}/v1"`, 'wire_api = "responses"', ''].join('\n');
 }
-
-/** What `codex exec --json` reports for one turn: the thread id and whether the turn completed. */
-export function readCodexExec(stdout: string): { threadId?: string; completed: boolean; failed?: string; agentText: string } {
-  let threadId: string | undefined;
-  let completed = false;
-  let failed: string | undefined;
-  let agentText = '';
-  for (const line of stdout.split('\n')) {
-    let e: { type?: string; thread_id?: string; item?: { type?: string; text?: string }; error?: { message?: string } };
-    try {
-      e = JSON.parse(line) as typeof e;
-    } catch {
-      continue;
-    }
-    if (e.type === 'thread.started') threadId = e.thread_id;
-    if (e.type === 'turn.completed') completed = true;
-    if (e.type === 'turn.failed') failed = e.error?.message ?? 'turn failed';
-    if (e.type === 'item.completed' && e.item?.type === 'agent_message') agentText = e.item.text ?? '';
-  }
-  return { ...(threadId !== undefined ? { threadId } : {}), completed, ...(failed !== undefined ? { failed } : {}), agentText };
-}

@@ -96,13 +96,12 @@ export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelAp
   let seq = 0;
   // The OpenAI Responses API (Codex): the request's input messages are recorded in the Messages
   // shape (role + text blocks), so the same history helpers read both.
-  const answerResponses = (res: ServerResponse, path: string, body: ResponsesBody, headers: IncomingHttpHeaders, raw: unknown): void => {
-    const messages = (body.input ?? []).filter((i) => i.type === 'message' || i.role !== undefined).map((i) => ({
-      role: i.role ?? '',
-      content: (Array.isArray(i.content) ? i.content : [{ text: String(i.content ?? '') }]).map((c) => ({ type: 'text', text: typeof c.text === 'string' ? c.text : '' })),
-    }));
-    const requestId = `req_fake_${++seq}`;
-    requests.push({ path, body: { model: body.model, stream: body.stream, messages }, headers, raw, api: 'responses', requestId });
+  const messagesOfResponses = (body: ResponsesBody): Array<{ role: string; content: unknown }> => (body.input ?? []).filter((i) => i.type === 'message' || i.role !== undefined).map((i) => ({
+    role: i.role ?? '',
+    content: (Array.isArray(i.content) ? i.content : [{ text: String(i.content ?? '') }]).map((c) => ({ type: 'text', text: typeof c.text === 'string' ? c.text : '' })),
+  }));
+  const answerResponses = (res: ServerResponse, body: ResponsesBody, requestId: string): void => {
+    const messages = messagesOfResponses(body);
     res.setHeader('x-request-id', requestId);
     if (failures.n > 0) {
       failures = { ...failures, n: failures.n - 1 };
@@ -135,12 +134,16 @@ export async function startFakeModelApi(reply: ReplyScript): Promise<FakeModelAp
       }
       const raw: unknown = structuredClone(body);
       if (req.method === 'POST' && path.endsWith('/v1/responses')) {
-        const input = (body as ResponsesBody).input ?? [];
+        const rb = body as ResponsesBody;
+        const requestId = `req_fake_${++seq}`;
+        // Recorded as it arrives (a held request is in `requests` while it waits).
+        requests.push({ path, body: { model: rb.model, stream: rb.stream, messages: messagesOfResponses(rb) }, headers: req.headers, raw, api: 'responses', requestId });
+        const input = rb.input ?? [];
         const lastUser = [...input].reverse().find((i) => i.role === 'user');
         const lastUserText = typeof lastUser?.content === 'string' ? lastUser.content : (lastUser?.content ?? []).map((c) => c.text ?? '').join('');
         const held = [...holds].find(([marker]) => lastUserText.includes(marker))?.[1];
-        if (held !== undefined) void held.then(() => answerResponses(res, path, body as ResponsesBody, req.headers, raw));
-        else answerResponses(res, path, body as ResponsesBody, req.headers, raw);
+        if (held !== undefined) void held.then(() => answerResponses(res, rb, requestId));
+        else answerResponses(res, rb, requestId);
         return;
       }
       if (req.method !== 'POST' || !path.endsWith('/v1/messages')) {

@@ -28,7 +28,7 @@ import { ackMarker, type ReplyScript } from '../../support/fake-model-api.ts';
 import { SessionHistory, expectNegativeControlsFail, requestEntries, type Entry } from '../../support/history-checker.ts';
 import { KILO_HISTORY, OPENCODE_HISTORY } from '../../support/history-profiles.ts';
 import { BRIDGE_CLIS, bridgeAgent, bridgeImage, bridgeTurn, runBridgeTurn, type BridgeCli, type BridgeTurn } from './bridge-cli.ts';
-import { completeWith } from './exec-turn.ts';
+import { completeWith, execCommand } from './exec-turn.ts';
 import { startHistoryFleet, type HistoryFleet } from './history-fleet.ts';
 
 /** ack <marker> for prompts; a Task delegation for MARK-TASK, a bash call in the child it starts, `done` after a tool result. */
@@ -43,17 +43,8 @@ const prompt = (marker: string): string => `Please remember ${marker}.`;
 const ack = (marker: string): string => `ack ${marker}`;
 
 /** Run a command in the member through the fleet's Exec; its exit code and output. */
-async function execIn(h: HistoryFleet, groupId: string, memberId: string, argv: string[]): Promise<{ exitCode: number | undefined; stdout: string; stderr: string }> {
-  const e = await h.runner.exec({ groupId, memberId, argv, timeoutMs: 60_000 });
-  let stdout = '';
-  let stderr = '';
-  let exitCode: number | undefined;
-  for await (const o of e.output()) {
-    if (o.kind === 'stdout') stdout += o.data.toString('utf8');
-    else if (o.kind === 'stderr') stderr += o.data.toString('utf8');
-    else if (o.kind === 'exit') exitCode = o.exit.exitCode;
-  }
-  return { exitCode, stdout, stderr };
+function execIn(h: HistoryFleet, groupId: string, memberId: string, argv: string[]): Promise<{ exitCode: number | undefined; stdout: string; stderr: string }> {
+  return execCommand(h.runner, { groupId, memberId, argv });
 }
 
 /** The CLI's own API through the bridge (`live-bridge api`), parsed. */

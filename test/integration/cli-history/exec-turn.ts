@@ -60,3 +60,17 @@ export function completeWith(runner: RunnerClient, groupId: string, memberId: st
     ...completeTurnEvidence(r.evidence, { cleanupFinished: true, exitConfirmed: processExited && r.exitCode !== undefined, ...(processExited && r.exitCode !== undefined ? { exitCode: r.exitCode } : {}) }),
   });
 }
+
+/** Run a command in the member through the fleet's Exec and wait for its exit; its output. */
+export async function execCommand(runner: RunnerClient, args: { groupId: string; memberId: string; argv: string[]; env?: Record<string, string>; timeoutMs?: number }): Promise<{ exitCode: number | undefined; stdout: string; stderr: string }> {
+  const e = await runner.exec({ groupId: args.groupId, memberId: args.memberId, argv: args.argv, timeoutMs: args.timeoutMs ?? 60_000, ...(args.env !== undefined ? { env: args.env } : {}) });
+  let stdout = '';
+  let stderr = '';
+  let exitCode: number | undefined;
+  for await (const o of e.output()) {
+    if (o.kind === 'stdout') stdout += o.data.toString('utf8');
+    else if (o.kind === 'stderr') stderr += o.data.toString('utf8');
+    else if (o.kind === 'exit') exitCode = o.exit.exitCode;
+  }
+  return { exitCode, stdout, stderr };
+}
