@@ -155,10 +155,16 @@ export interface HistoryProfile {
   readonly framing: readonly FramingPattern[];
   readonly auxiliary?: readonly AuxiliaryRequest[];
   /**
-   * Consecutive user turns reach the model as ONE user message (the AI SDK's Anthropic provider
-   * merges them): a prompt after a turn that kept no answer is appended to the previous message.
+   * Consecutive user turns reach the model as ONE user message: a prompt after a turn that kept no
+   * answer is appended to the previous message (OpenCode/Kilo: the AI SDK's Anthropic provider;
+   * Claude Code: with `appendToPrevious` added to the previous message's last block).
    */
-  readonly mergesConsecutiveUser?: boolean;
+  readonly mergesConsecutiveUser?: boolean | { readonly appendToPrevious: string };
+  /**
+   * Messages the CLI itself may add right after a prompt (e.g. Claude Code's mid-conversation system
+   * reminders), each matching one of these; once sent they are part of the history at that place.
+   */
+  readonly reminders?: readonly FramingPattern[];
 }
 
 /** The frame of one native session: its first request with the first prompt cut out. */
@@ -187,6 +193,8 @@ export interface HistoryTurn {
    * carry it step by step: the k-th one has the prompt and the exchange up to its k-th tool result.
    */
   readonly exchange?: readonly Entry[];
+  /** Reminders the CLI added right after this turn's prompt (profile `reminders`), learned by the checker. */
+  readonly reminders?: readonly Entry[];
 }
 
 const assistant = (text: string): Entry => ({ role: 'assistant', blocks: [text] });
@@ -262,12 +270,17 @@ export class SessionHistory {
     const out: Entry[] = [...f.lead, { role: 'user', blocks: [...f.promptPrefix, normalize(all[0]!.prompt), ...f.promptSuffix] }, ...f.trail];
     for (let i = 1; i < all.length; i++) {
       const before = all[i - 1]!;
+      out.push(...(before.reminders ?? []));
       if (before.exchange !== undefined) out.push(...before.exchange);
       else if (before.reply !== null) out.push(assistant(normalize(before.reply)));
       const blocks = [...f.everyPrefix, normalize(all[i]!.prompt), ...f.everySuffix];
       const last = out[out.length - 1]!;
       const keptNothing = before.exchange === undefined && before.reply === null;
-      if (this.profile.mergesConsecutiveUser === true && keptNothing && last.role === 'user') out[out.length - 1] = { role: 'user', blocks: [...last.blocks, ...blocks] };
+      const merge = this.profile.mergesConsecutiveUser;
+      if (merge !== undefined && merge !== false && keptNothing && last.role === 'user') {
+        const suffix = typeof merge === 'object' ? merge.appendToPrevious : '';
+        out[out.length - 1] = { role: 'user', blocks: [...last.blocks.slice(0, -1), `${last.blocks[last.blocks.length - 1] ?? ''}${suffix}`, ...blocks] };
+      }
       else out.push({ role: 'user', blocks });
     }
     return out;
@@ -295,7 +308,7 @@ export class SessionHistory {
       return [];
     }
     const base = this.expected(prompt);
-    if (exchange === undefined) return compareEntries(base, entries);
+    if (exchange === undefined) return compareEntries(base, entries.slice(0, entries.length - this.#reminders(base, entries).length));
     // The longest step the request can be: the prompt, then the exchange up to a tool result.
     const steps = [0, ...exchange.flatMap((e, i) => (e.role === 'user' ? [i + 1] : []))];
     const step = steps.find((j) => compareEntries([...base, ...exchange.slice(0, j)], entries).length === 0);
@@ -320,7 +333,20 @@ export class SessionHistory {
     }
     if (conversation === 0) report.push(`no conversation request carried the prompt ${JSON.stringify(turn.prompt)}`);
     expect(report, `${this.profile.cli} history, turn ${this.turns.length + 1} (${JSON.stringify(turn.prompt)})`).toEqual([]);
-    this.turns.push(turn);
+    // Reminders the CLI added after this prompt stay in its history there (the last request has them all).
+    const last = [...requests].reverse().find((r) => !(this.profile.auxiliary?.some((a) => a.matches(this.entries(r))) ?? false));
+    const reminders = last !== undefined && this.#frame !== undefined && turn.exchange === undefined ? this.#reminders(this.expected(turn.prompt), this.entries(last)) : [];
+    this.turns.push(reminders.length > 0 ? { ...turn, reminders } : turn);
+  }
+
+  /**
+   * The CLI's own reminders a conversation request ends with after the expected entries (none unless
+   * the request is exactly `base` followed by messages matching the profile's reminder patterns).
+   */
+  #reminders(base: readonly Entry[], entries: readonly Entry[]): Entry[] {
+    const extra = entries.slice(base.length);
+    const isReminder = (e: Entry): boolean => this.profile.reminders?.some((p) => p.role === e.role && e.blocks.every((b) => p.block.test(b))) === true;
+    return extra.length > 0 && extra.every(isReminder) && compareEntries(base, entries.slice(0, base.length)).length === 0 ? extra : [];
   }
 
   /** A request's entries under the shared rules and this CLI's own. */

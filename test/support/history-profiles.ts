@@ -23,6 +23,13 @@ export const CLAUDE_CODE_HISTORY: HistoryProfile = {
     // A `system` message right after the first prompt (beta mid-conversation-system), kept in place.
     { name: 'agent list', role: 'system', block: /^Available agent types for the Agent tool:\n/ },
   ],
+  // Observed: after a turn that kept no answer, the next prompt joins the failed one's message, which
+  // gets a newline at its end.
+  mergesConsecutiveUser: { appendToPrevious: '\n' },
+  reminders: [
+    // Observed after some ten turns without task tools, right after the prompt, as a system message.
+    { name: 'task tools reminder', role: 'system', block: /^The task tools haven't been used recently\. If you're working on tasks that would benefit from tracking progress, consider using TaskCreate/ },
+  ],
 };
 
 /** Pi coding agent 0.73.1 (`--mode json -p`, Anthropic Messages provider). */
