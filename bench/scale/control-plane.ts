@@ -24,6 +24,8 @@ export interface ControlPlaneJob {
   readonly replicaId: string;
   readonly liveness: LivenessSettings;
   readonly logLevel: string;
+  /** Settings other than the shipped defaults (experiments only; recorded in the result). */
+  readonly overrides?: Record<string, unknown>;
   /** Where CPU profiles go (none when undefined). */
   readonly profileDir?: string | undefined;
 }
@@ -81,7 +83,7 @@ async function main(): Promise<void> {
   const store = await p.connection.StateStore.open(nc, { buckets: p.buckets.CONTROL_PLANE_BUCKETS });
   const chunks = await p.chunkStore.ChunkStore.open(nc);
   const plane = new p.controlPlane.ControlPlane({
-    config: controlPlaneConfig(p, job.liveness), nc, store, chunks, metrics: new p.metrics.FleetMetrics(),
+    config: controlPlaneConfig(p, job.liveness, job.overrides), nc, store, chunks, metrics: new p.metrics.FleetMetrics(),
     logger: p.logger.createLogger({ name: job.replicaId, level: job.logLevel }), apiSha: p.apiSha.API_SHA, replicaId: job.replicaId,
   });
   // The pre-read-model control plane has no `fleet` (and a synchronous start()).

@@ -118,7 +118,7 @@ export function shippedLiveness(p: Product): LivenessSettings {
   return { heartbeatIntervalMs: d.heartbeatIntervalMs, heartbeatTtlMs: d.heartbeatTtlMs, deadGraceMs: d.deadGraceMs };
 }
 
-/** Shipped defaults, the attestation policy that admits the simulated hosts, and `liveness`. */
-export function controlPlaneConfig(p: Product, liveness: LivenessSettings): ReturnType<typeof p.config.ControlPlaneConfigSchema.parse> {
-  return p.config.ControlPlaneConfigSchema.parse({ allowedAgentShas: [BENCH_AGENT_SHA], allowedImageDigests: [BENCH_IMAGE_DIGEST], ...liveness });
+/** Shipped defaults, the attestation policy that admits the simulated hosts, `liveness`, and any `overrides`. */
+export function controlPlaneConfig(p: Product, liveness: LivenessSettings, overrides: Record<string, unknown> = {}): ReturnType<typeof p.config.ControlPlaneConfigSchema.parse> {
+  return p.config.ControlPlaneConfigSchema.parse({ allowedAgentShas: [BENCH_AGENT_SHA], allowedImageDigests: [BENCH_IMAGE_DIGEST], ...liveness, ...overrides });
 }
