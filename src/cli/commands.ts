@@ -43,7 +43,7 @@ import { hostPermissions } from '../core/agent-subjects.ts';
 import { protection } from '../core/idle-stop.ts';
 import { RunnerError, toRunnerError } from '../runner-sdk/client.ts';
 import { adminClient, call, resolveConnection, UsageError, type ConnectionOptions } from './connection.ts';
-import { boundedInt, isLoopback, LIMITS, parseGateway, parseModel, readKeyFile, redactor, renderPreflight, runPreflight } from './preflight.ts';
+import { boundedInt, isLoopback, LIMITS, parseGateway, parseModel, proxyFor, readKeyFile, redactor, renderPreflight, runPreflight, type ThinkingSetting } from './preflight.ts';
 import { age, bytes, isoTime, OUTPUT_FORMATS, short, streamed, structured, table, type OutputFormat } from './output.ts';
 
 /**
@@ -478,9 +478,11 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
     .option('--repetitions <n>', `repetitions of the 5 cases, ${LIMITS.repetitions.min}..${LIMITS.repetitions.max}`, String(LIMITS.repetitions.default))
     .option('--allow-plain-http', 'allow an http:// gateway that is not on loopback (the key would cross the network unencrypted)')
     .option('--max-tokens <n>', `max_tokens of each call, ${LIMITS.maxTokens.min}..${LIMITS.maxTokens.max} (stop_reason max_tokens is a failure)`, String(LIMITS.maxTokens.default))
+    .option('--thinking <setting>', 'adaptive-high: ask for the pinned Claude Code\'s own thinking setting (thinking adaptive, effort high); off: send none', 'adaptive-high')
+    .option('--proxy <url>', 'reach the gateway through this http:// proxy (CONNECT for https); default HTTPS_PROXY/HTTP_PROXY unless NO_PROXY names the gateway; none: no proxy')
     // Only to refuse it, without echoing the value: a key on the command line is in ps and shell history.
     .addOption(new Option('--api-key <key>').hideHelp())
-    .action(async (opts: { gateway: string; model: string; keyFile: string; repetitions: string; maxTokens: string; allowPlainHttp?: boolean; apiKey?: string }, cmd: Command) => {
+    .action(async (opts: { gateway: string; model: string; keyFile: string; repetitions: string; maxTokens: string; thinking: string; proxy?: string; allowPlainHttp?: boolean; apiKey?: string }, cmd: Command) => {
       const g = globals(cmd);
       if (opts.apiKey !== undefined) throw new UsageError('the gateway key is never taken from the command line (ps and shell history show it): put it in a file (chmod 600) and pass --key-file');
       if (g.key !== undefined) throw new UsageError('--key is the admin client TLS key and preflight does not use it; the gateway key is read only from --key-file');
@@ -488,6 +490,9 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
       const model = parseModel(opts.model);
       const repetitions = boundedInt(opts.repetitions, '--repetitions', LIMITS.repetitions.min, LIMITS.repetitions.max);
       const maxTokens = boundedInt(opts.maxTokens, '--max-tokens', LIMITS.maxTokens.min, LIMITS.maxTokens.max);
+      if (opts.thinking !== 'adaptive-high' && opts.thinking !== 'off') throw new UsageError('--thinking must be adaptive-high or off');
+      const thinking: ThinkingSetting = opts.thinking;
+      const proxy = proxyFor(gateway, opts.proxy, env);
       const timeoutMs = program.getOptionValueSource('timeout') === 'cli'
         ? boundedInt(String(g.timeout), '--timeout', LIMITS.timeoutMs.min, LIMITS.timeoutMs.max)
         : LIMITS.timeoutMs.default;
@@ -500,7 +505,7 @@ export function buildProgram(io: CliIo, env: NodeJS.ProcessEnv = process.env): C
       const redact = redactor(key);
       let report;
       try {
-        report = await runPreflight({ gateway, model, repetitions, maxTokens, timeoutMs }, key, { randomBytes: (n) => randomBytes(n), now: () => Date.now() });
+        report = await runPreflight({ gateway, model, repetitions, maxTokens, timeoutMs, thinking, ...(proxy !== undefined ? { proxy } : {}) }, key, { randomBytes: (n) => randomBytes(n), now: () => Date.now() });
       } catch (err) {
         throw new Error(redact((err as Error).message ?? String(err)));
       }

@@ -517,6 +517,8 @@ export interface CallReport {
   readonly thinking: boolean;
   readonly latency_ms: number;
   readonly reply_excerpt: string;
+  /** The gateway's id of this request (`request-id`, else `x-request-id`), as answered; null without one. */
+  readonly request_id: string | null;
 }
 
 export interface CaseSummary {
@@ -539,10 +541,11 @@ export interface PreflightSummary {
   readonly cases: readonly CaseSummary[];
 }
 
-export function callReport(c: PreflightCase, v: Verdict, latencyMs: number): CallReport {
+export function callReport(c: PreflightCase, v: Verdict, latencyMs: number, requestId: string | null = null): CallReport {
   return {
     case: c.kind, repetition: c.repetition, passed: v.passed, reason: v.reasons[0] ?? null, reasons: v.reasons, detail: v.detail,
     status: v.status, stop_reason: v.stopReason, thinking: v.thinking, latency_ms: Math.max(0, Math.round(latencyMs)), reply_excerpt: v.replyExcerpt,
+    request_id: requestId,
   };
 }
 
