@@ -103,37 +103,39 @@ const track = (j, task) => {
   const tracked = task.finally(() => j.inflight.delete(tracked));
   j.inflight.add(tracked);
 };
+// An old chunk's bytes (an incremental capture feeds them to its chunker): verified, moved over.
+// Served at once, not behind the queued uploads and checks: the capture waits for these bytes.
+const serveGet = (j, m) => {
+  track(j, (async () => {
+    try {
+      await ready;
+      if (j.stream === null) throw new Error('the chunk stream is not known');
+      const msg = await jsm.direct.getMessage(j.stream, { last_by_subj: 'sf.chunk.' + m.digest.slice(7) });
+      if (msg === null) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_missing', message: 'chunk ' + m.digest + ' is not in the store' } });
+      const digest = 'sha256:' + createHash('sha256').update(msg.data).digest('hex');
+      if (msg.data.length !== m.size || digest !== m.digest) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_digest_mismatch', message: 'chunk ' + m.digest + ' does not verify' } });
+      const own = new Uint8Array(msg.data.length);
+      own.set(msg.data);
+      parentPort.postMessage({ op: 'got', id: m.id, data: own }, [own.buffer]);
+    } catch (err) {
+      parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'transfer_failed', message: String(err && err.message || err) } });
+    }
+  })());
+};
 let chain = Promise.resolve();
 parentPort.on('message', (m) => {
+  if (m.op === 'get' && job !== null) return serveGet(job, m);
   chain = chain.then(async () => {
     if (m.op === 'begin') {
       job = { seen: new Set(), inflight: new Set(), failed: broken, stream: m.stream || null, missing: [], hash: m.hashLayer ? createHash('sha256') : null, maxInFlight: m.maxInFlight };
       return;
     }
     const j = job;
+    if (m.op === 'get') return serveGet(j, m);
     if (m.op === 'flush') {
       await Promise.all(j.inflight);
       job = null;
       parentPort.postMessage({ op: 'flushed', error: j.failed, missing: j.missing, layerDigest: j.hash ? 'sha256:' + j.hash.digest('hex') : null });
-      return;
-    }
-    if (m.op === 'get') {
-      // An old chunk's bytes (an incremental capture feeds them to its chunker): verified, moved over.
-      await ready.catch(() => undefined);
-      track(j, (async () => {
-        try {
-          if (j.stream === null) throw new Error('the chunk stream is not known');
-          const msg = await jsm.direct.getMessage(j.stream, { last_by_subj: 'sf.chunk.' + m.digest.slice(7) });
-          if (msg === null) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_missing', message: 'chunk ' + m.digest + ' is not in the store' } });
-          const digest = 'sha256:' + createHash('sha256').update(msg.data).digest('hex');
-          if (msg.data.length !== m.size || digest !== m.digest) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_digest_mismatch', message: 'chunk ' + m.digest + ' does not verify' } });
-          const own = new Uint8Array(msg.data.length);
-          own.set(msg.data);
-          parentPort.postMessage({ op: 'got', id: m.id, data: own }, [own.buffer]);
-        } catch (err) {
-          parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'transfer_failed', message: String(err && err.message || err) } });
-        }
-      })());
       return;
     }
     if (m.op === 'exists') {

@@ -16,17 +16,18 @@
 // another chunk format, version-1 manifests (their digest hashes every byte), or every
 // `fullCaptureEvery`-th capture, which re-reads everything in case a stat lied.
 import { createHash } from 'node:crypto';
+import { open } from 'node:fs/promises';
 import { MAX_CHUNK_BYTES, chunkListDigest, type ChunkRef, type LayerRef, type ManifestSchemaVersion } from '../../core/checkpoint-manifest.ts';
 import { DEFAULT_LAYER_LIMITS, LayerValidator, normalizeEntryPath, type LayerLimits } from '../../core/layer-rules.ts';
 import { ChunkStoreError, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
 import { WorkerChunkWriter } from '../../store/chunk-publish-worker.ts';
 import type { WorkerConnection } from '../../store/nats-auth.ts';
-import { OverlayToOci, runTar, type CaptureEvent, type CapturedEntry } from './capture.ts';
+import { OverlayToOci, headerOnly, runTar, type CaptureEvent, type CapturedEntry } from './capture.ts';
 import { CAPTURE_INDEX_VERSION, type CaptureIndex, type IndexEntry } from './capture-index.ts';
 import { LayerTransferError } from './errors.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
 import { LayerAssembler, oldLayerOf, type Emitted } from './layer-assembler.ts';
-import { END_OF_ARCHIVE, TarParser } from './tar-format.ts';
+import { END_OF_ARCHIVE, TarParser, dataPadding } from './tar-format.ts';
 import { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, keyText, tarName, walkUpperDir, type EntryStat, type WalkEntry } from './walk.ts';
 
 /**
@@ -35,6 +36,11 @@ import { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, keyText, tarName, walkUpperDir, type
  * keep would leave that stat unchanged.
  */
 export const RACY_MARGIN_NS = 2_000_000_000n;
+/** Re-read files this large are read directly (tar gives their header only). */
+const DIRECT_READ_MIN_BYTES = 4 * 1024 * 1024;
+const DIRECT_READ_BLOCK = 4 * 1024 * 1024;
+/** Header-only tar runs at once. */
+const HEADER_RUNS = 4;
 /** Old chunks fetched ahead (those at the edges of unchanged runs), at most. */
 const PREFETCH_OLD_CHUNKS = 8;
 /** Default: every 10th capture of an upper dir reads everything. */
@@ -58,6 +64,8 @@ export interface StoreLayerOptions {
   readonly containerId?: string;
   /** Wall clock in ms (the racy margin is measured from it); default Date.now. */
   readonly nowMs?: () => number;
+  /** Re-read files at least this large are read directly, tar giving only their header (default 4 MiB; tests use less). */
+  readonly directReadMinBytes?: number;
 }
 
 export interface CaptureReport {
@@ -65,8 +73,9 @@ export interface CaptureReport {
   /** Why a capture was full (or `incremental`). */
   readonly reason: string;
   readonly walkedEntries: number;
-  /** Entries given to tar (read), and records copied unread. */
+  /** Entries read again (by tar, or directly: `directEntries`, large re-read files), and records copied unread. */
   readonly readEntries: number;
+  readonly directEntries: number;
   readonly reusedEntries: number;
   /** Layer bytes in reused chunks not read at all, reused after hashing, and old bytes fetched to re-align the chunker. */
   readonly reusedBytes: number;
@@ -287,14 +296,111 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
   const parser = new TarParser(oci, s.limits.maxPaxHeaderBytes);
   const rootDev = walk[0]!.stat.dev;
   const entries: IndexEntry[] = [];
-  const toRead = walk.filter((_, i) => p.reuse[i] === undefined);
+  const priorOf = p.previous === undefined ? new Map<string, IndexEntry>() : new Map(p.previous.entries.map((e) => [e.key, e]));
+  // Large files re-read against an old record are read here, directly and in large blocks; tar
+  // gives only their header (a run stopped once it is out). Through tar's pipe every byte costs a
+  // copy and 64 KiB hand-offs between two processes; the whole file is still read and each old
+  // chunk reused only after its bytes hashed to it.
+  const direct = new Set<number>();
+  if (p.mode === 'incremental') {
+    walk.forEach((w, i) => {
+      const prior = priorOf.get(w.key);
+      const min = options.directReadMinBytes ?? DIRECT_READ_MIN_BYTES;
+      if (p.reuse[i] === undefined && (w.stat.mode & S_IFMT) === S_IFREG && w.stat.nlink === 1 && w.stat.size >= min && prior !== undefined && priorDataSize(prior) > 0) direct.add(i);
+    });
+  }
+  // Their header runs start now (a few at a time), while the rest is read.
+  const headers = new Map<number, Promise<{ entry: CapturedEntry; bytes: Buffer }>>();
+  const order = [...direct];
+  for (let k = 0; k < order.length; k++) {
+    const i = order[k]!;
+    const before = k >= HEADER_RUNS ? headers.get(order[k - HEADER_RUNS]!)!.then(() => undefined, () => undefined) : Promise.resolve();
+    const h = before.then(() => headerOnly(upperDir, tarName(walk[i]!.key), s.limits, options.tarPath));
+    h.catch(() => undefined); // awaited in order below
+    headers.set(i, h);
+  }
+  const toRead = walk.filter((_, i) => p.reuse[i] === undefined && !direct.has(i));
   const tar = toRead.length > 0 ? runTar(upperDir, toRead.map((w) => tarName(w.key)), options.tarPath) : undefined;
   let wi = 0;
   let reusedEntries = 0;
 
-  /** Copy the records of the unchanged entries from walk[wi] on (runs of adjacent old records at once). */
-  const copyReused = async (): Promise<void> => {
-    while (wi < walk.length && p.reuse[wi] !== undefined) {
+  /** The re-read entry being written: where its record started and how its bytes map to the old record. */
+  let current: { w: WalkEntry; entry: CapturedEntry; start: number; dataStart: number; dataDone: number; head: number; prior: IndexEntry | undefined } | undefined;
+
+  /** A re-read entry's header: at the old record's place when it has the old header's length. */
+  const beginRecord = async (w: WalkEntry, entry: CapturedEntry, head: Buffer): Promise<void> => {
+    if (normalizeEntryPath(keyText(w.key), s.limits) !== entry.source) throw new LayerTransferError('capture_failed', `tar archived ${entry.source}, expected ${keyText(w.key)}`);
+    const prior = priorOf.get(w.key);
+    current = { w, entry, start: assembler.position, dataStart: 0, dataDone: 0, head: head.length, prior };
+    if (prior !== undefined && prior.dataStart - prior.start === head.length) await assembler.predicted(head, prior.start, sameSize(prior, entry) ? prior.end : prior.dataStart + Math.min(priorDataSize(prior), entry.size));
+    else await assembler.fresh(head);
+    current.dataStart = assembler.position;
+  };
+
+  /** File data at its old place (an append or an in-place edit keeps most of it there). */
+  const recordData = async (bytes: Buffer): Promise<void> => {
+    const c = current!;
+    const prior = c.prior;
+    const oldSize = prior === undefined ? 0 : priorDataSize(prior);
+    const sameHead = prior !== undefined && prior.dataStart - prior.start === c.head;
+    const spanEnd = prior === undefined ? 0 : sameSize(prior, c.entry) && sameHead ? prior.end : prior.dataStart + Math.min(oldSize, c.entry.size);
+    let i = 0;
+    if (prior !== undefined && c.dataDone < oldSize) {
+      const n = Math.min(bytes.length, oldSize - c.dataDone);
+      await assembler.predicted(bytes.subarray(0, n), prior.dataStart + c.dataDone, spanEnd);
+      i = n;
+    }
+    if (i < bytes.length) await assembler.fresh(bytes.subarray(i));
+    c.dataDone += bytes.length;
+  };
+
+  /** Padding (and an opaque dir's marker entry): at its old place when the size is unchanged. */
+  const endRecord = async (tail: Buffer): Promise<void> => {
+    const c = current!;
+    const prior = c.prior;
+    if (prior !== undefined && sameSize(prior, c.entry) && prior.dataStart - prior.start === c.head) await assembler.predicted(tail, prior.dataStart + c.entry.size, prior.end);
+    else await assembler.fresh(tail);
+    const linkName = c.entry.type === 'symlink' ? c.entry.linkName : undefined;
+    entries.push(indexEntryOf(c.w, c.start, c.dataStart, assembler.position, reusableNext(c.w, c.entry, rootDev, s.nowNs), linkName));
+    current = undefined;
+    wi += 1;
+  };
+
+  /** A large re-read file: its header from tar, its data read here. */
+  const readDirect = async (w: WalkEntry, index: number): Promise<void> => {
+    const { entry, bytes } = await headers.get(index)!;
+    if (entry.type !== 'file' || entry.size !== w.stat.size) throw new LayerTransferError('capture_failed', `${keyText(w.key)} changed during the capture`);
+    validator.admit({ name: entry.name, type: 'file', size: entry.size, xattrNames: entry.xattrNames });
+    await beginRecord(w, entry, bytes);
+    const fh = await open(Buffer.concat([Buffer.from(upperDir), Buffer.from('/'), Buffer.from(w.key, 'latin1')]), 'r');
+    try {
+      // Two blocks: the next one is read while this one is hashed and chunked.
+      const blocks = [Buffer.allocUnsafe(Math.min(DIRECT_READ_BLOCK, entry.size)), Buffer.allocUnsafe(Math.min(DIRECT_READ_BLOCK, entry.size))];
+      const readAt = (at: number, k: number) => fh.read(blocks[k % 2]!, 0, Math.min(DIRECT_READ_BLOCK, entry.size - at), at);
+      let next = entry.size > 0 ? readAt(0, 0) : undefined;
+      for (let at = 0, k = 0; next !== undefined; k++) {
+        const { bytesRead } = await next;
+        if (bytesRead === 0) throw new LayerTransferError('capture_failed', `${keyText(w.key)} shrank during the capture`);
+        const block = blocks[k % 2]!.subarray(0, bytesRead);
+        at += bytesRead;
+        next = at < entry.size ? readAt(at, k + 1) : undefined;
+        next?.catch(() => undefined); // awaited next round
+        await recordData(block);
+      }
+    } finally {
+      await fh.close();
+    }
+    await endRecord(dataPadding(entry.size));
+  };
+
+  /** The entries from walk[wi] on that tar does not read: unchanged records (copied in runs of adjacent ones), and large files read here. */
+  const advance = async (): Promise<void> => {
+    for (;;) {
+      if (wi < walk.length && direct.has(wi)) {
+        await readDirect(walk[wi]!, wi);
+        continue;
+      }
+      if (wi >= walk.length || p.reuse[wi] === undefined) return;
       const first = p.reuse[wi]!;
       const base = assembler.position;
       let end = first.start;
@@ -314,49 +420,14 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
     }
   };
 
-  /** The re-read entry being written: where its record started and how its bytes map to the old record. */
-  let current: { w: WalkEntry; entry: CapturedEntry; start: number; dataStart: number; dataDone: number; head: number; prior: IndexEntry | undefined } | undefined;
-  const priorOf = p.previous === undefined ? new Map<string, IndexEntry>() : new Map(p.previous.entries.map((e) => [e.key, e]));
-
   const onEvent = async (e: CaptureEvent): Promise<void> => {
     if (e.kind === 'head') {
-      await copyReused();
+      await advance();
       const w = walk[wi];
-      if (w === undefined || normalizeEntryPath(keyText(w.key), s.limits) !== e.entry.source) {
-        throw new LayerTransferError('capture_failed', `tar archived ${e.entry.source}, expected ${w === undefined ? 'nothing more' : keyText(w.key)}`);
-      }
-      const prior = priorOf.get(w.key);
-      current = { w, entry: e.entry, start: assembler.position, dataStart: 0, dataDone: 0, head: e.bytes.length, prior };
-      // The header at the old record's place when it has the old header's length.
-      if (prior !== undefined && prior.dataStart - prior.start === e.bytes.length) await assembler.predicted(e.bytes, prior.start, sameSize(prior, e.entry) ? prior.end : prior.dataStart + Math.min(priorDataSize(prior), e.entry.size));
-      else await assembler.fresh(e.bytes);
-      current.dataStart = assembler.position;
-      return;
-    }
-    const c = current!;
-    const prior = c.prior;
-    if (e.kind === 'data') {
-      // File data at its old place (an append or an in-place edit keeps most of it there).
-      const oldSize = prior === undefined ? 0 : priorDataSize(prior);
-      const sameHead = prior !== undefined && prior.dataStart - prior.start === c.head;
-      const spanEnd = prior === undefined ? 0 : sameSize(prior, c.entry) && sameHead ? prior.end : prior.dataStart + Math.min(oldSize, c.entry.size);
-      let i = 0;
-      if (prior !== undefined && c.dataDone < oldSize) {
-        const n = Math.min(e.bytes.length, oldSize - c.dataDone);
-        await assembler.predicted(e.bytes.subarray(0, n), prior.dataStart + c.dataDone, spanEnd);
-        i = n;
-      }
-      if (i < e.bytes.length) await assembler.fresh(e.bytes.subarray(i));
-      c.dataDone += e.bytes.length;
-      return;
-    }
-    // Tail: padding (and an opaque dir's marker entry): at its old place when the size is unchanged.
-    if (prior !== undefined && sameSize(prior, c.entry) && prior.dataStart - prior.start === c.head) await assembler.predicted(e.bytes, prior.dataStart + c.entry.size, prior.end);
-    else await assembler.fresh(e.bytes);
-    const linkName = c.entry.type === 'symlink' ? c.entry.linkName : undefined;
-    entries.push(indexEntryOf(c.w, c.start, c.dataStart, assembler.position, reusableNext(c.w, c.entry, rootDev, s.nowNs), linkName));
-    current = undefined;
-    wi += 1;
+      if (w === undefined) throw new LayerTransferError('capture_failed', `tar archived ${e.entry.source}, expected nothing more`);
+      await beginRecord(w, e.entry, e.bytes);
+    } else if (e.kind === 'data') await recordData(e.bytes);
+    else await endRecord(e.bytes);
   };
 
   try {
@@ -369,7 +440,7 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
       await tar.done;
       parser.end();
     }
-    await copyReused();
+    await advance();
     if (wi !== walk.length) throw new LayerTransferError('capture_failed', `tar archived ${wi} of ${walk.length} entries`);
     await assembler.fresh(END_OF_ARCHIVE);
     await assembler.finish();
@@ -396,7 +467,8 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
       mode: p.mode,
       reason: p.reason,
       walkedEntries: walk.length,
-      readEntries: toRead.length,
+      readEntries: toRead.length + direct.size,
+      directEntries: direct.size,
       reusedEntries,
       reusedBytes: assembler.stats.reusedBytes,
       verifiedBytes: assembler.stats.verifiedBytes,

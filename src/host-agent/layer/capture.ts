@@ -42,6 +42,8 @@ export interface CapturedEntry {
   readonly xattrs: boolean;
   /** The overlay form was rewritten (a whiteout, or an opaque directory with its marker entry). */
   readonly converted: boolean;
+  /** The xattr names the emitted entry carries (overlay ones dropped). */
+  readonly xattrNames: readonly string[];
 }
 
 /** The OCI stream, per source entry: its header bytes, its data, then its tail (padding, opaque marker). */
@@ -85,7 +87,7 @@ export class OverlayToOci implements TarSink {
       // Overlay whiteout → OCI whiteout. Mode is meaningless for whiteouts; fix it for stable bytes.
       const name = joinPath(parentOf(path), whiteoutName(baseNameOf(path)));
       const bytes = this.encode({ ...h, name, type: 'file', size: 0, mode: 0o600, devMajor: 0, devMinor: 0, xattrs: new Map() });
-      this.events.push({ kind: 'head', entry: { source: path, name, type: 'file', size: 0, xattrs, converted: true }, bytes });
+      this.events.push({ kind: 'head', entry: { source: path, name, type: 'file', size: 0, xattrs, converted: true, xattrNames: [] }, bytes });
       return;
     }
     const opaque = h.type === 'directory' && h.xattrs.get(OVERLAY_OPAQUE_XATTR)?.toString('latin1') === 'y';
@@ -94,7 +96,7 @@ export class OverlayToOci implements TarSink {
     const header: TarHeader = { ...h, name: path, xattrs: kept };
     if (linkName !== undefined) header.linkName = linkName;
     const bytes = this.encode(header);
-    const entry: CapturedEntry = { source: path, name: path, type: h.type, size: this.dataSize, xattrs, converted: opaque, ...(linkName !== undefined ? { linkName } : {}) };
+    const entry: CapturedEntry = { source: path, name: path, type: h.type, size: this.dataSize, xattrs, converted: opaque, xattrNames: [...kept.keys()], ...(linkName !== undefined ? { linkName } : {}) };
     this.events.push({ kind: 'head', entry, bytes });
     if (opaque) this.marker = this.encode({ ...h, name: joinPath(path, OPAQUE_WHITEOUT), type: 'file', size: 0, mode: 0o600, xattrs: new Map(), linkName: undefined });
   }
@@ -172,6 +174,30 @@ export function runTar(upperDir: string, names: readonly Buffer[], tarPath = 'ta
       if (child.exitCode === null) child.kill('SIGKILL');
     },
   };
+}
+
+/**
+ * The OCI header of one regular file, from a tar run stopped as soon as the header is out: for a
+ * file whose data the capture reads itself (large files re-read for an incremental capture, whose
+ * bytes through tar's pipe cost more than reading them directly). Its own validator: the caller
+ * admits the entry where it lies in the layer.
+ */
+export async function headerOnly(upperDir: string, name: Buffer, limits: LayerLimits, tarPath = 'tar'): Promise<{ entry: CapturedEntry; bytes: Buffer }> {
+  const oci = new OverlayToOci(new LayerValidator(limits));
+  const parser = new TarParser(oci, limits.maxPaxHeaderBytes);
+  const tar = runTar(upperDir, [name], tarPath);
+  try {
+    for await (const piece of tar.stdout) {
+      parser.push(piece);
+      const head = oci.events.find((e) => e.kind === 'head');
+      if (head !== undefined && head.kind === 'head') return { entry: head.entry, bytes: head.bytes };
+      oci.events.length = 0;
+    }
+    await tar.done;
+    throw new LayerTransferError('capture_failed', `tar gave no header for ${name.toString('latin1')}`);
+  } finally {
+    tar.kill();
+  }
 }
 
 export interface CaptureOptions {

@@ -131,13 +131,21 @@ export class LayerAssembler {
         c.filled += take;
         c.nextOld += take;
         i += take;
-        if (c.filled === c.size) await this.settle(c);
+        if (c.filled === c.size) {
+          this.candidate = null;
+          await this.settle(c.index, this.buf.subarray(0, c.size));
+        }
         continue;
       }
       if (this.chunker.pending === 0) {
         const k = this.startIndex(o);
         if (k >= 0 && k < old.chunks.length - 1 && old.offsets[k + 1]! <= spanEnd) {
-          this.candidate = { index: k, size: old.chunks[k]!.size, filled: 0, nextOld: o };
+          const size = old.chunks[k]!.size;
+          if (bytes.length - i >= size) {
+            // The whole old chunk's worth is here: hash it in place.
+            await this.settle(k, bytes.subarray(i, i + size));
+            i += size;
+          } else this.candidate = { index: k, size, filled: 0, nextOld: o };
           continue;
         }
       }
@@ -156,14 +164,13 @@ export class LayerAssembler {
     if (last !== null) await this.emit({ kind: 'new', data: last });
   }
 
-  private async settle(c: Candidate): Promise<void> {
-    this.candidate = null;
-    const data = this.buf.subarray(0, c.size);
-    const ref = this.old!.chunks[c.index]!;
+  /** Predicted bytes of a whole old chunk `index`: that chunk if they hash to it, fed to the chunker if not. */
+  private async settle(index: number, data: Buffer): Promise<void> {
+    const ref = this.old!.chunks[index]!;
     if (`sha256:${createHash('sha256').update(data).digest('hex')}` === ref.digest) {
-      await this.emit({ kind: 'old', index: c.index, verified: true });
-      this.pos += c.size;
-      this.stats.verifiedBytes += c.size;
+      await this.emit({ kind: 'old', index, verified: true });
+      this.pos += data.length;
+      this.stats.verifiedBytes += data.length;
     } else {
       this.stats.mispredicted += 1;
       await this.feed(data);

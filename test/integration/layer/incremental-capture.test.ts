@@ -236,8 +236,9 @@ function apply(root: string, o: Op): void {
   }
 }
 
+/** Files of 4 KiB and more that changed are read directly (tar gives only their header), as large ones are in the agent. */
 async function capture(upper: string, options: StoreLayerOptions = {}): Promise<StoredLayer> {
-  return storeLayer(upper, store, { chunker: CHUNKER, nowMs: LATER, ...options });
+  return storeLayer(upper, store, { chunker: CHUNKER, nowMs: LATER, directReadMinBytes: 4096, ...options });
 }
 
 /** Restore `layer` into a fresh dir and expect exactly the tree of `upper` (cheaply: on this thread). */
