@@ -11,11 +11,15 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ContextState } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import type { BeginTurnResponse, RunTurnEnd, RunTurnResponse } from '../../../src/gen/sandboxfleet/v1/runner.ts';
 import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles } from '../../support/claude-code.ts';
-import { history, promptRequest, type RecordedRequest } from '../../support/fake-model-api.ts';
+import type { RecordedRequest } from '../../support/fake-model-api.ts';
+import { SessionHistory } from '../../support/history-checker.ts';
+import { CLAUDE_CODE_HISTORY } from '../../support/history-profiles.ts';
 import { startHistoryFleet, type HistoryFleet } from './history-fleet.ts';
 
 let h: HistoryFleet;
 let groupId = '';
+/** Every request of every turn checked in full (test/support/history-checker.ts). */
+const session = new SessionHistory(CLAUDE_CODE_HISTORY);
 
 beforeAll(async () => {
   h = await startHistoryFleet({ bridgeVersion: 4, extraFiles: claudeCodeImageFiles(), tagSuffix: `claude-code-${CLAUDE_CODE_VERSION}` }, {
@@ -61,18 +65,19 @@ describe(`RunTurn with the pinned Claude Code ${CLAUDE_CODE_VERSION}`, () => {
     expect(t1.end.observedLocator).toMatch(/^[0-9a-f-]{36}$/);
     expect(t1.end.completion!.savedLocator).toBe(t1.end.observedLocator);
     expect(t1.events.some((e) => (e as { type?: string }).type === 'result')).toBe(true);
-    expect(history(promptRequest(t1.requests, 'MARK-ONE'))).toEqual(['user:MARK-ONE']);
+    session.expectTurn(t1.requests, { prompt: 'Please remember MARK-ONE.', reply: 'ack MARK-ONE' });
 
     const t2 = await runTurn('MARK-TWO');
     // Each `claude -p` process exits at its turn's end: the next turn resumes the session in a new one.
     expect(t2.begun).toMatchObject({ contextState: ContextState.RESTORED, locator: t1.end.observedLocator });
     expect(t2.end.observedLocator).toBe(t1.end.observedLocator);
-    expect(history(promptRequest(t2.requests, 'MARK-TWO'))).toEqual(['user:MARK-ONE', 'assistant:MARK-ONE', 'user:MARK-TWO']);
+    session.expectTurn(t2.requests, { prompt: 'Please remember MARK-TWO.', reply: 'ack MARK-TWO' });
   });
 
   it('a repeat with the same idempotency key answers the stored end and runs nothing', async () => {
     const key = 'run-turn-repeat-1';
     const first = await runTurn('MARK-THREE', key);
+    session.expectTurn(first.requests, { prompt: 'Please remember MARK-THREE.', reply: 'ack MARK-THREE' });
     const again = await runTurn('MARK-THREE', key);
     expect(again.requests).toHaveLength(0);
     expect(again.begun.turnId).toBe(first.begun.turnId);
@@ -85,6 +90,6 @@ describe(`RunTurn with the pinned Claude Code ${CLAUDE_CODE_VERSION}`, () => {
     const t = await runTurn('MARK-FOUR');
     expect(t.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator: saved });
     expect(t.end.observedLocator).toBe(saved);
-    expect(history(promptRequest(t.requests, 'MARK-FOUR'))).toEqual(['user:MARK-ONE', 'assistant:MARK-ONE', 'user:MARK-TWO', 'assistant:MARK-TWO', 'user:MARK-THREE', 'assistant:MARK-THREE', 'user:MARK-FOUR']);
+    session.expectTurn(t.requests, { prompt: 'Please remember MARK-FOUR.', reply: 'ack MARK-FOUR' });
   });
 });
