@@ -3,7 +3,9 @@
 // frames are read concurrently with the output written back, and output is acknowledged to the
 // backend (which grants the host more output) only once the gRPC stream has taken it — so a slow
 // reader slows the process and nothing queues without bound. The caller going away (or its
-// deadline passing) cancels the process. RunTurn is a server stream of the turn's events.
+// deadline passing), or the handler ending before the exit for any other reason, abandons the
+// session: the process is cancelled and its remaining output credited back unread (exec-port.ts).
+// RunTurn is a server stream of the turn's events.
 import { InvalidArgument } from '../core/index.ts';
 import type { ExecBackend, ExecEvent, ExecExitView, ExecSession, RunTurnEvent } from '../core/exec-port.ts';
 import type { TurnEvidenceInput } from '../core/runner-port.ts';
@@ -89,20 +91,29 @@ async function* exec(backend: ExecBackend, requests: AsyncIterable<ExecRequest>,
   const session = await backend.exec({
     groupId: s.groupId, memberId: s.memberId, argv: s.argv, env: s.env, workingDir: s.workingDir, stdin: s.stdin,
     timeoutMs: s.timeoutMs, outputLimitBytes: s.outputLimitBytes, expectedGeneration: s.expectedGeneration, cancelGraceMs: s.cancelGraceMs,
+    expectedIncarnation: s.expectedIncarnation,
   }, ctx.signal);
-  const st = session.started;
-  yield { frame: { $case: 'started', value: { execId: st.execId, hostId: st.hostId, hostEpoch: st.hostEpoch, placementGeneration: st.generation, containerId: st.containerId, incarnation: st.incarnation } } };
-  let clientError: unknown;
-  void pumpClient(frames, session).catch((err: unknown) => {
-    clientError = err;
-    session.cancel();
-  });
-  for await (const e of session.events()) {
-    yield frame(e);
-    // The stream took the frame: the host may send that much more.
-    if (e.kind === 'output') session.consumed(e.data.length);
+  let exited = false;
+  try {
+    const st = session.started;
+    yield { frame: { $case: 'started', value: { execId: st.execId, hostId: st.hostId, hostEpoch: st.hostEpoch, placementGeneration: st.generation, containerId: st.containerId, incarnation: st.incarnation } } };
+    let clientError: unknown;
+    void pumpClient(frames, session).catch((err: unknown) => {
+      clientError = err;
+      session.cancel();
+    });
+    for await (const e of session.events()) {
+      if (e.kind === 'exit') exited = true;
+      yield frame(e);
+      // The stream took the frame: the host may send that much more.
+      if (e.kind === 'output') session.consumed(e.data.length);
+    }
+    if (clientError !== undefined) throw clientError;
+  } finally {
+    // Returned early (the caller went away, a write failed) or failed: nobody reads on, so the
+    // process must not go on holding one of the host's exec slots.
+    if (!exited) session.abandon();
   }
-  if (clientError !== undefined) throw clientError;
 }
 
 async function* runTurn(backend: ExecBackend, request: RunTurnRequest, ctx: CallContext): AsyncIterable<RunTurnResponse> {

@@ -12,6 +12,15 @@
 // side grants credit as the consumer (the gRPC stream, itself behind HTTP/2 flow control) passes
 // output on (`consumed`), so at most one window per exec is ever in memory. A host that becomes
 // SUSPECT/DEAD/REMOVED or changes epoch mid-stream ends the exec UNAVAILABLE host_fenced.
+// Liveness both ways: this side sends a keepalive every third of the idle timeout (the agent cancels
+// an exec whose control plane fell silent), and the agent sends its own numbered keepalive as often
+// (an ExecAgentFrame stdin_credit of 0), so a lost frame always shows as a gap at the next frame —
+// even one lost while the agent waits for credit — and an exec this side hears nothing from for
+// the idle timeout ends UNAVAILABLE exec_transport_lost. A cancel (the caller's, the deadline, the
+// output limit) that brings no exit within twice the grace plus a margin ends the same way, so no
+// exec hangs here on a frame that never comes. A consumer that leaves (`abandon`, the caller's
+// signal — also one that aborted before the start answered) cancels the process and credits all it
+// still sends back unread, so the process can flush and exit on SIGINT instead of being killed.
 // RunTurn also runs execs on a member's turn process (the CLI kept between turns, exec-sessions.ts
 // on the agent): `turnProcess` starts one or attaches to one, and `detach` ends the turn's exec
 // while the process stays.
@@ -20,8 +29,10 @@ import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import { Fenced, InvalidArgument, NotFound, PreconditionFailed, Unavailable, type FleetError, type Reason } from '../core/index.ts';
 import type { ExecEvent, ExecExitView, ExecSession, ExecStartInput, ExecStartedView } from '../core/exec-port.ts';
-import { ExecAgentFrame, ExecControlFrame, TurnProcessMode } from '../gen/sandboxfleet/v1/agent.ts';
+import { ContainerState, ExecAgentFrame, ExecControlFrame, TurnProcessMode } from '../gen/sandboxfleet/v1/agent.ts';
 import { ExecEnd, ExecStream } from '../gen/sandboxfleet/v1/exec.ts';
+import { CommandIds } from '../wire/agent-protocol.ts';
+import type { HostRecord } from './records.ts';
 import type { ControlPlaneDeps } from './state.ts';
 import { Keys } from './keys.ts';
 
@@ -33,8 +44,18 @@ const DEFAULT_OUTPUT_LIMIT = 64 * 1024 * 1024;
 const MAX_OUTPUT_LIMIT = 4 * 1024 * 1024 * 1024;
 const MAX_TIMEOUT_MS = 24 * 3_600_000;
 const DEFAULT_GRACE_MS = 2_000;
-/** The agent cancels an exec whose control plane is silent this long; keepalives go 3× as often. */
-const IDLE_TIMEOUT_MS = 30_000;
+/**
+ * Either side ends an exec it heard nothing from this long; each sends a keepalive three times as
+ * often (the agent's: its ExecStartCommand.idle_timeout_ms, which this side sends).
+ */
+export const EXEC_IDLE_TIMEOUT_MS = 30_000;
+/** After a cancel, the exit must come within twice the grace plus this, or the exec is given up. */
+const EXIT_MARGIN_MS = 5_000;
+/** Credit is granted back in steps of half the window, but at least this often (RunTurn's big window). */
+const MAX_GRANT_STEP = 512 * 1024;
+const MIN_WINDOW = 64 * 1024;
+const MAX_WINDOW = 16 * 1024 * 1024;
+const INVENTORY_TIMEOUT_MS = 10_000;
 /** A stdin frame's payload (the API server takes messages of at most 256 KiB, envelope included). */
 const MAX_STDIN_FRAME = 128 * 1024;
 
@@ -58,12 +79,23 @@ function check(input: ExecStartInput): void {
   if (!Number.isSafeInteger(input.outputLimitBytes) || input.outputLimitBytes < 0 || input.outputLimitBytes > MAX_OUTPUT_LIMIT) bad('outputLimitBytes', `0..${MAX_OUTPUT_LIMIT}`);
   if (!Number.isSafeInteger(input.cancelGraceMs) || input.cancelGraceMs < 0 || input.cancelGraceMs > 60_000) bad('cancelGraceMs', '0..60000');
   if (!Number.isSafeInteger(input.expectedGeneration) || input.expectedGeneration < 0) bad('expectedGeneration', 'a generation or 0');
+  if (input.expectedIncarnation !== undefined && input.expectedIncarnation !== '' && !/^\d{1,16}$/.test(input.expectedIncarnation)) bad('expectedIncarnation', 'a container start time (unix ms, as ExecStarted.incarnation) or empty');
+  const w = input.outputWindowBytes;
+  if (w !== undefined && (!Number.isSafeInteger(w) || w < MIN_WINDOW || w > MAX_WINDOW)) bad('outputWindowBytes', `${MIN_WINDOW}..${MAX_WINDOW}`);
   const tp = input.turnProcess;
   if (tp !== undefined) {
     if (!input.stdin) bad('stdin', 'a turn process takes its turns on stdin');
     if (tp.mode === 'start' && !/^[A-Za-z0-9_-]{1,128}$/.test(tp.commandDigest)) bad('turnProcess', 'commandDigest must be [A-Za-z0-9_-]{1,128}');
     if (tp.mode === 'attach' && !/^[a-z0-9-]{1,32}$/.test(tp.processId)) bad('turnProcess', 'processId must be [a-z0-9-]{1,32}');
   }
+}
+
+/** Why a host no longer runs an exec started at `epoch`, or undefined while it may. */
+function hostFenced(hostId: string, epoch: number, after: HostRecord | undefined): Unavailable | undefined {
+  const state = after?.lifecycle.state ?? 'REMOVED';
+  const now = after?.lifecycle.epoch ?? 0;
+  if (after !== undefined && now === epoch && (state === 'READY' || state === 'DRAINING')) return undefined;
+  return new Unavailable('host_fenced', `host ${hostId} is ${state} at epoch ${now} (the exec ran at epoch ${epoch})`, { details: { hostId, state } });
 }
 
 class RelaySession implements ExecSession {
@@ -73,15 +105,20 @@ class RelaySession implements ExecSession {
   #finished = false;
   #inSeq = 0;
   #outSeq = 0;
-  /** Output passed to the consumer and not yet granted back to the agent. */
+  /** Output passed to the consumer (or dropped unread) and not yet granted back to the agent. */
   #consumedSinceGrant = 0;
   #outputBytes = 0;
   #stdinCredit = 0;
   #endOverride: ExecExitView['end'] | undefined;
-  /** The caller went away: output is dropped (and credited) until the exit. */
+  /** Nobody reads any more: output is dropped (and credited) until the exit. */
   #discard = false;
+  /** When the last frame came from the agent (its keepalives come every third of the idle timeout). */
+  #lastHeardAt: number;
+  /** Armed by the first cancel: the exit must come by then. */
+  #exitDue: NodeJS.Timeout | undefined;
   readonly #timers: NodeJS.Timeout[] = [];
   #unwatch: (() => void) | undefined;
+  #unlisten: (() => void) | undefined;
   #sub: Subscription | undefined;
 
   constructor(
@@ -90,12 +127,26 @@ class RelaySession implements ExecSession {
     readonly started: ExecStartedView,
     private readonly limit: number,
     private readonly graceMs: number,
-  ) {}
+    private readonly window: number,
+    private readonly idleTimeoutMs: number,
+  ) {
+    this.#lastHeardAt = deps.now();
+  }
 
-  /** Wire the session: frames in, keepalives out, host fencing, deadline, the caller's signal. */
+  /**
+   * Wire the session: frames in, keepalives out, liveness, host fencing, deadline, the caller's
+   * signal — including a signal that aborted while the start was in flight.
+   */
   attach(sub: Subscription, timeoutMs: number, signal: AbortSignal): void {
     this.#sub = sub;
-    const keepalive = setInterval(() => this.#control({ $case: 'keepalive', value: true }), IDLE_TIMEOUT_MS / 3);
+    this.#lastHeardAt = this.deps.now();
+    const keepalive = setInterval(() => {
+      if (this.deps.now() - this.#lastHeardAt > this.idleTimeoutMs) {
+        this.#lost(`nothing heard from the host for ${this.idleTimeoutMs} ms`);
+        return;
+      }
+      this.#control({ $case: 'keepalive', value: true });
+    }, this.idleTimeoutMs / 3);
     keepalive.unref?.();
     this.#timers.push(keepalive);
     if (timeoutMs > 0) {
@@ -105,17 +156,20 @@ class RelaySession implements ExecSession {
     }
     this.#unwatch = this.deps.fleet.onHostChange((_key, _before, after) => {
       if (after === undefined || after.hostId !== this.started.hostId) return;
-      const { state, epoch } = after.lifecycle;
-      if (epoch !== this.started.hostEpoch || (state !== 'READY' && state !== 'DRAINING')) {
-        this.#control({ $case: 'cancel', value: { graceMs: this.graceMs } });
-        this.#fail(new Unavailable('host_fenced', `host ${this.started.hostId} is ${state} at epoch ${epoch} (the exec ran at epoch ${this.started.hostEpoch})`, { details: { hostId: this.started.hostId, state } }));
-      }
+      this.judgeHost(after);
     });
-    signal.addEventListener('abort', () => {
-      this.#discard = true;
-      this.#queue.length = 0;
-      this.cancel();
-    }, { once: true });
+    const onAbort = (): void => this.abandon();
+    signal.addEventListener('abort', onAbort, { once: true });
+    this.#unlisten = () => signal.removeEventListener('abort', onAbort);
+    if (signal.aborted) this.abandon();
+  }
+
+  /** Fence the exec if `host` (the host's record now) no longer runs it at its epoch. */
+  judgeHost(host: HostRecord | undefined): void {
+    const fenced = hostFenced(this.started.hostId, this.started.hostEpoch, host);
+    if (fenced === undefined) return;
+    this.#control({ $case: 'cancel', value: { graceMs: this.graceMs } });
+    this.#fail(fenced);
   }
 
   /** A frame from the agent. */
@@ -129,6 +183,7 @@ class RelaySession implements ExecSession {
     }
     if (f.seq !== this.#inSeq + 1) return this.#lost(`frame ${f.seq} after ${this.#inSeq}`);
     this.#inSeq = f.seq;
+    this.#lastHeardAt = this.deps.now();
     const body = f.frame;
     if (body === undefined) return;
     switch (body.$case) {
@@ -141,6 +196,8 @@ class RelaySession implements ExecSession {
         let bytes = body.value.data;
         const room = this.limit - this.#outputBytes;
         if (bytes.length >= room) {
+          // The part past the limit is never passed on: credited back like dropped output.
+          this.consumed(bytes.length - room);
           bytes = bytes.subarray(0, room);
           this.#stop('output_limit');
         }
@@ -149,8 +206,10 @@ class RelaySession implements ExecSession {
         return;
       }
       case 'stdinCredit':
-        this.#stdinCredit += Math.max(0, body.value);
-        this.#push({ kind: 'stdin_credit', bytes: Math.max(0, body.value) });
+        // 0 is the agent's keepalive (it has nothing else to say): heard, nothing to pass on.
+        if (body.value <= 0) return;
+        this.#stdinCredit += body.value;
+        this.#push({ kind: 'stdin_credit', bytes: body.value });
         return;
       case 'exit': {
         const e = body.value;
@@ -180,7 +239,9 @@ class RelaySession implements ExecSession {
   #close(): void {
     this.#finished = true;
     for (const t of this.#timers) clearInterval(t);
+    if (this.#exitDue !== undefined) clearTimeout(this.#exitDue);
     this.#unwatch?.();
+    this.#unlisten?.();
     this.#sub?.unsubscribe();
     this.#wake?.();
   }
@@ -199,11 +260,19 @@ class RelaySession implements ExecSession {
     }
   }
 
+  /** Send a cancel; the agent's exit must then come within twice `graceMs` plus a margin. */
+  #cancelFrame(graceMs: number): void {
+    this.#control({ $case: 'cancel', value: { graceMs } });
+    if (this.#exitDue !== undefined || this.#finished) return;
+    this.#exitDue = setTimeout(() => this.#lost(`no exit ${2 * graceMs + EXIT_MARGIN_MS} ms after the cancel`), 2 * graceMs + EXIT_MARGIN_MS);
+    this.#exitDue.unref?.();
+  }
+
   /** End the process for `why` (its exit reports that reason). */
   #stop(why: 'deadline' | 'output_limit'): void {
     if (this.#endOverride !== undefined) return;
     this.#endOverride = why;
-    this.#control({ $case: 'cancel', value: { graceMs: this.graceMs } });
+    this.#cancelFrame(this.graceMs);
   }
 
   async *events(): AsyncIterable<ExecEvent> {
@@ -223,8 +292,10 @@ class RelaySession implements ExecSession {
 
   consumed(bytes: number): void {
     this.#consumedSinceGrant += bytes;
-    // Grant back in half-window steps: few credit frames, and never more than a window in flight.
-    if (this.#consumedSinceGrant >= EXEC_WINDOW_BYTES / 2) {
+    // Grant back in steps (few credit frames, never more than a window in flight); a step of at
+    // most MAX_GRANT_STEP, so a consumer holding part of a window (RunTurn's unfinished line) never
+    // keeps the rest from being granted.
+    if (this.#consumedSinceGrant >= Math.min(this.window / 2, MAX_GRANT_STEP)) {
       this.#control({ $case: 'outputCredit', value: this.#consumedSinceGrant });
       this.#consumedSinceGrant = 0;
     }
@@ -243,7 +314,19 @@ class RelaySession implements ExecSession {
 
   cancel(graceMs?: number): void {
     if (this.#endOverride === undefined) this.#endOverride = 'cancelled';
-    this.#control({ $case: 'cancel', value: { graceMs: graceMs !== undefined && graceMs > 0 ? Math.min(graceMs, 60_000) : this.graceMs } });
+    this.#cancelFrame(graceMs !== undefined && graceMs > 0 ? Math.min(graceMs, 60_000) : this.graceMs);
+  }
+
+  abandon(): void {
+    if (this.#finished) return;
+    if (!this.#discard) {
+      this.#discard = true;
+      // What the consumer will never read is credited back, so the process can flush while it ends.
+      let unread = 0;
+      for (const e of this.#queue.splice(0)) if (e.kind === 'output') unread += e.data.length;
+      if (unread > 0) this.consumed(unread);
+    }
+    this.cancel();
   }
 
   detach(): void {
@@ -252,8 +335,17 @@ class RelaySession implements ExecSession {
   }
 }
 
+export interface ExecRelayOptions {
+  /** Liveness bound of each exec, both ways (default EXEC_IDLE_TIMEOUT_MS). */
+  readonly idleTimeoutMs?: number;
+}
+
 export class ExecRelay {
-  constructor(private readonly deps: ExecRelayDeps, private readonly nc: NatsConnection) {}
+  readonly #idleTimeoutMs: number;
+
+  constructor(private readonly deps: ExecRelayDeps, private readonly nc: NatsConnection, options: ExecRelayOptions = {}) {
+    this.#idleTimeoutMs = options.idleTimeoutMs ?? EXEC_IDLE_TIMEOUT_MS;
+  }
 
   async exec(input: ExecStartInput, signal: AbortSignal): Promise<ExecSession> {
     check(input);
@@ -272,8 +364,20 @@ export class ExecRelay {
       throw new Unavailable('host_unreachable', `host ${lc.hostId} is ${hostState ?? 'unknown'}`, { details: { hostId: lc.hostId, state: hostState ?? 'unknown' } });
     }
     if (member.containerId === undefined) throw new Unavailable('container_missing', `member ${input.memberId} has no container yet`, { details: { groupId: input.groupId, memberId: input.memberId } });
+    const target = { hostId: lc.hostId, epoch: host.lifecycle.epoch, generation: lc.generation };
     const execId = `x-${randomUUID()}`;
+    const expected = input.expectedIncarnation !== undefined && input.expectedIncarnation !== '' ? input.expectedIncarnation : undefined;
+    const staleIncarnation = (now: string): Fenced => new Fenced('stale_generation', `member ${input.memberId}'s container is at incarnation ${now}, not ${expected ?? ''} (it restarted)`, { details: { groupId: input.groupId, memberId: input.memberId, incarnation: now } });
+    if (expected !== undefined) {
+      // The container run the caller believes in, checked with the host before anything starts
+      // (a heartbeat may be older than the restart, so only a fresh inventory can say "not that run").
+      const inv = await deps.agents.send(target, CommandIds.inventory(execId, deps.now()), { $case: 'inventory', value: {} }, 'inventory', INVENTORY_TIMEOUT_MS);
+      const c = inv.containers.find((x) => x.groupId === input.groupId && x.memberId === input.memberId && x.placementGeneration === lc.generation);
+      const now = c === undefined || c.state !== ContainerState.RUNNING ? '0' : String(c.startedAtUnixMs);
+      if (now !== expected) throw staleIncarnation(now);
+    }
     const graceMs = input.cancelGraceMs > 0 ? input.cancelGraceMs : DEFAULT_GRACE_MS;
+    const window = input.outputWindowBytes ?? EXEC_WINDOW_BYTES;
     // Listen before the agent can speak: its first output may follow the start at once.
     let session: RelaySession | undefined;
     const early: Uint8Array[] = [];
@@ -286,14 +390,14 @@ export class ExecRelay {
     });
     try {
       const res = await deps.agents.send(
-        { hostId: lc.hostId, epoch: host.lifecycle.epoch, generation: lc.generation },
+        target,
         `exec-${execId}`,
         {
           $case: 'execStart',
           value: {
             groupId: input.groupId, memberId: input.memberId, execId, containerId: member.containerId,
             argv: [...input.argv], env: input.env.map((e) => ({ name: e.name, value: e.value })), workingDir: input.workingDir, stdin: input.stdin,
-            outputWindowBytes: EXEC_WINDOW_BYTES, idleTimeoutMs: IDLE_TIMEOUT_MS, cancelGraceMs: graceMs,
+            outputWindowBytes: window, idleTimeoutMs: this.#idleTimeoutMs, cancelGraceMs: graceMs,
             turnProcess: input.turnProcess === undefined ? undefined : input.turnProcess.mode === 'start'
               ? { mode: TurnProcessMode.START, processId: '', commandDigest: input.turnProcess.commandDigest }
               : { mode: TurnProcessMode.ATTACH, processId: input.turnProcess.processId, commandDigest: '' },
@@ -306,15 +410,20 @@ export class ExecRelay {
         execId, hostId: lc.hostId, hostEpoch: host.lifecycle.epoch, generation: lc.generation, containerId: res.containerId, incarnation: String(res.startedAtUnixMs),
         ...(input.turnProcess !== undefined ? { processId: res.processId } : {}),
       };
-      session = new RelaySession(deps, this.nc, started, input.outputLimitBytes > 0 ? input.outputLimitBytes : DEFAULT_OUTPUT_LIMIT, graceMs);
+      session = new RelaySession(deps, this.nc, started, input.outputLimitBytes > 0 ? input.outputLimitBytes : DEFAULT_OUTPUT_LIMIT, graceMs, window, this.#idleTimeoutMs);
       session.attach(sub, input.timeoutMs, signal);
       for (const data of early.splice(0)) session.frame(data);
-      // A host that changed before the session watched it: judged once from the model now.
-      const now = deps.fleet.host(Keys.host(lc.hostId))?.value;
-      if (now !== undefined && now.lifecycle.epoch > host.lifecycle.epoch) session.cancel();
+      if (expected !== undefined && started.incarnation !== expected) {
+        // The container restarted between the check and the start: nothing of it reaches the caller.
+        session.abandon();
+        throw staleIncarnation(started.incarnation);
+      }
+      // A host that changed before the session watched it: judged once from the model now, by the
+      // same rule as every later change (state and epoch).
+      session.judgeHost(deps.fleet.host(Keys.host(lc.hostId))?.value);
       return session;
     } catch (err) {
-      sub.unsubscribe();
+      if (session === undefined) sub.unsubscribe();
       throw err;
     }
   }

@@ -261,6 +261,18 @@ export const MemberRecordSchema = z.object({
   lastContextState: z.enum(CONTEXT_STATES).optional(),
   /** The container incarnation the in-flight turn runs in (its "process", see member-session.ts). */
   turnProcess: z.object({ containerId: z.string().max(128), incarnation: z.string().max(128) }).optional(),
+  /**
+   * RunTurn: who drives the in-flight turn `turnId` (turn-runner.ts) — the token of the call whose
+   * begin created it, written in that begin's compare-and-set, and the replica running it — and
+   * until when: the driver renews the lease while it runs; a repeat that finds it lapsed completes
+   * the turn as not ended. Meaningful only while that turn is in flight.
+   */
+  turnDriver: z.object({
+    turnId: z.string().max(128),
+    token: z.string().min(8).max(64),
+    replicaId: z.string().max(64),
+    leaseUntilMs: ms,
+  }).optional(),
   /** Turn call idempotency (absent in records written before it existed). */
   calls: TurnCallsSchema.optional(),
   /** The member's last turn ends, oldest first (bounded: TURN_EVIDENCE_MAX, TURN_EVIDENCE_BYTES_PER_GROUP). */

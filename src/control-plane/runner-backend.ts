@@ -38,6 +38,12 @@
 //   checks again. A runner's own begin never reuses a turn process, and RunTurn never reuses a
 //   process a runner drove itself (core member-session.ts): each is RESTORED, with the container
 //   run restarted first if the other's process may still run on the session (R-S6).
+// - RunTurn's driver (turn-runner.ts): a fleet begin carries a per-call token; the begin that creates
+//   the turn writes it, with the replica and a lease, as the member's `turnDriver` in its own CAS and
+//   answers it (`driverToken`, kept with the stored answer), so a repeat of the call learns from the
+//   answer alone that another call drives the turn. The driver renews the lease by CAS
+//   (renewTurnDriver); a completion that takes the turn over from a driver whose lease lapsed is
+//   itself checked in the completion's CAS (a driver that renewed meanwhile wins).
 import { createHash } from 'node:crypto';
 import {
   CLI_KINDS,
@@ -96,10 +102,27 @@ const CAS_ATTEMPTS = 8;
 
 /**
  * A turn the fleet runs itself (RunTurn): the digest of the command its turn process is started with
- * (undefined: the fleet runs one process per turn and reuses none).
+ * (undefined: the fleet runs one process per turn and reuses none), and the calling driver's token
+ * and lease (turn-runner.ts): written only if this begin creates the turn.
  */
 export interface FleetTurn {
   readonly commandDigest: string | undefined;
+  readonly driver?: { readonly token: string; readonly leaseMs: number } | undefined;
+}
+
+/** A driver's lease counts as lapsed only this long after its end by the reader's clock (replicas' clocks differ). */
+export const DRIVER_LEASE_SKEW_MS = 5_000;
+
+/** How a completion relates to RunTurn's driver of the turn (see FleetTurn). */
+export interface FleetCompletion {
+  /** The turn process RunTurn started for this turn (NEW or RESTORED). */
+  readonly process?: ProcessIdentity | undefined;
+  /**
+   * The token of a driver whose lease lapsed: complete the turn in its place — refused
+   * `turn_in_flight` unless that driver still holds the turn and its lease ended
+   * DRIVER_LEASE_SKEW_MS ago by this replica's clock.
+   */
+  readonly takeOverFrom?: string | undefined;
 }
 
 /** A turn call's identity for idempotency: digests of its key and of its request. */
@@ -416,6 +439,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const key = validateIdempotencyKey(input.idempotencyKey);
     const call: Call = { key: keyDigest('begin', key), request: requestHash({ groupId, memberId, locator: locator ?? null }) };
     const turnId = must(parseTurnId(`t-${createHash('sha256').update(`${groupId}|${memberId}|${key}`).digest('hex').slice(0, 32)}`));
+    const driver = fleet?.driver;
+    if (driver !== undefined && (!/^[A-Za-z0-9_-]{8,64}$/.test(driver.token) || !Number.isSafeInteger(driver.leaseMs) || driver.leaseMs < 1_000 || driver.leaseMs > 600_000)) {
+      throw new InvalidArgument('malformed', 'a turn driver needs a token [A-Za-z0-9_-]{8,64} and a lease of 1..600 s', { details: { field: 'driver' } });
+    }
     for (let attempt = 0; ; attempt++) {
       try {
         return await this.#begin(groupId, memberId, locator, turnId, call, attempt === 0, fleet);
@@ -499,7 +526,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       // A repeat of the turn in flight needs no observation: core replays it (from a fresh read).
       fresh();
       const host = this.#evidence.host(g0.lifecycle.hostId);
-      return this.#applyBegin(gv, false, memberId, { turnId, locator, fleetDriven }, { containerPresent: true, layerIntact: true }, call, host?.lifecycle.epoch ?? 0);
+      return this.#applyBegin(gv, false, memberId, { turnId, locator, fleetDriven, driver: fleet?.driver }, { containerPresent: true, layerIntact: true }, call, host?.lifecycle.epoch ?? 0);
     }
     if (state === 'PENDING' || state === 'STOPPED') {
       fresh();
@@ -514,7 +541,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const fast = fleetDriven ? undefined : liveEvidence(g, member, host, heartbeat, this.ctx.now(), this.#freshnessMs);
     if (fast !== undefined) {
       this.#fastBegins += 1;
-      return this.#applyBegin(gv, loaded.cached, memberId, { turnId, locator, fleetDriven }, fast, call, host!.lifecycle.epoch, fast.runningProcess);
+      return this.#applyBegin(gv, loaded.cached, memberId, { turnId, locator, fleetDriven, driver: fleet?.driver }, fast, call, host!.lifecycle.epoch, fast.runningProcess);
     }
     // The state is unknown or a process must be (re)started: ask the agent (R-S1 slow path), about
     // the record as it is now.
@@ -531,7 +558,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       .filter((t) => t.groupId === groupId && t.memberId === memberId && t.containerId === c.containerId && t.containerStartedAtUnixMs === c.startedAtUnixMs && !t.attached && t.commandDigest === fleet.commandDigest)
       .map((t) => turnProcessIn(running, t.processId));
     const observation: MemberObservation = { containerPresent: present, layerIntact: present && (c?.writableLayerPresent ?? false), runningProcess: running, turnProcesses };
-    return this.#applyBegin(gv, false, memberId, { turnId, locator, fleetDriven }, observation, call, target.epoch, running);
+    return this.#applyBegin(gv, false, memberId, { turnId, locator, fleetDriven, driver: fleet?.driver }, observation, call, target.epoch, running);
   }
 
   /**
@@ -539,7 +566,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
    * the revision the decision was made from (so the observation still belongs to the member as it
    * was read; any change since is a CasConflictError and the caller observes again).
    */
-  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined; fleetDriven: boolean }, observation: MemberObservation, call: Call, hostEpoch: number, observed?: ProcessIdentity): Promise<BeginTurnView> {
+  async #applyBegin(gv: Versioned<GroupRecord>, cached: boolean, memberId: string, request: { turnId: string; locator: Locator | undefined; fleetDriven: boolean; driver?: FleetTurn['driver'] }, observation: MemberObservation, call: Call, hostEpoch: number, observed?: ProcessIdentity): Promise<BeginTurnView> {
     let running = observed;
     const now = this.ctx.now();
     const g = gv.value;
@@ -549,6 +576,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     };
     const seen = g.members.find((m) => m.session.memberId === memberId)!;
     const o = beginTurn(seen.session, { turnId: request.turnId, locator: request.locator, fleetDriven: request.fleetDriven }, observation, now);
+    // The driver of a turn this begin creates; a replayed begin echoes the one that created it.
+    const driver = o.ok && !o.replayed && request.driver !== undefined
+      ? { turnId: request.turnId, token: request.driver.token, replicaId: this.ctx.replicaId.slice(0, 64), leaseUntilMs: now + request.driver.leaseMs }
+      : seen.turnDriver?.turnId === request.turnId ? seen.turnDriver : undefined;
     const cli = seen.session.cli;
     let slotReclaimed = false;
     if (o.ok && o.reclaimProcess !== undefined) {
@@ -568,6 +599,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       containerId: member.containerId ?? '',
       startedAtMs: o.member.inFlight?.startedAtMs ?? now,
       ...(slotReclaimed ? { slotReclaimed } : {}),
+      ...(driver !== undefined ? { driverToken: driver.token } : {}),
     });
     if (o.ok && o.replayed) {
       fresh();
@@ -582,7 +614,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const changed: MemberRecord = {
       ...seen,
       session: o.member,
-      ...(o.ok ? { lastContextState: contextState, turnProcess: running, containerId: running?.containerId ?? seen.containerId } : o.contextState === 'LOST' ? { lastContextState: 'LOST' as const } : {}),
+      ...(o.ok ? { lastContextState: contextState, turnProcess: running, containerId: running?.containerId ?? seen.containerId, turnDriver: driver } : o.contextState === 'LOST' ? { lastContextState: 'LOST' as const } : {}),
     };
     const answer = view(changed);
     const outcome = answer !== undefined ? valueOutcome(answer) : refusalOutcome((o as { error: FleetError<Reason> }).error);
@@ -654,10 +686,39 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
   // ---- CompleteTurn ------------------------------------------------------------------------------
 
   /**
+   * RunTurn's driver: the turn is still in flight under `token`: extend its lease to `leaseMs` from
+   * now (CAS). False when it is not (completed, taken over by a repeat, never ours): stop driving.
+   */
+  async renewTurnDriver(groupId: string, memberId: string, turnId: string, token: string, leaseMs: number): Promise<boolean> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const { gv, cached } = await this.#load(groupId, attempt === 0);
+        const g = gv.value;
+        const m = g.members.find((x) => x.session.memberId === memberId);
+        const ours = m !== undefined && m.session.phase === 'IN_TURN' && m.session.inFlight?.turnId === turnId && m.turnDriver?.turnId === turnId && m.turnDriver.token === token;
+        if (!ours) {
+          if (cached) throw new NeedsFreshRead();
+          return false;
+        }
+        const leaseUntilMs = this.ctx.now() + leaseMs;
+        // Nothing but the lease changes: not the group's activity, not its update time.
+        const written: GroupRecord = { ...g, members: g.members.map((x) => (x !== m ? x : { ...m, turnDriver: { ...m.turnDriver!, leaseUntilMs } })) };
+        await this.#write(g, written, gv.revision);
+        return true;
+      } catch (err) {
+        this.#groups.drop(groupId);
+        if (err instanceof NeedsFreshRead) continue;
+        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw err;
+      }
+    }
+  }
+
+  /**
    * `fleet.process`: the turn process RunTurn started for this turn (NEW or RESTORED), which may be
    * reused LIVE next if the evidence keeps it; taken only inside the container run the turn began in.
+   * `fleet.takeOverFrom`: see FleetCompletion.
    */
-  async completeTurn(input: CompleteTurnInput, fleet?: { readonly process?: ProcessIdentity | undefined }): Promise<CompleteTurnView> {
+  async completeTurn(input: CompleteTurnInput, fleet?: FleetCompletion): Promise<CompleteTurnView> {
     const groupId = must(parseGroupId(input.groupId));
     const memberId = must(parseMemberId(input.memberId));
     const turnId = must(parseTurnId(input.turnId));
@@ -669,7 +730,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const call: Call = { key: keyDigest('complete', key), request: requestHash({ groupId, memberId, turnId, observed: input.observedLocator ?? null, end }) };
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0, fleet?.process);
+        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0, fleet);
       } catch (err) {
         this.#groups.drop(groupId);
         if (err instanceof NeedsFreshRead) continue;
@@ -678,7 +739,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
   }
 
-  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, evidence: TurnEvidenceInput, call: Call, useCache: boolean, started: ProcessIdentity | undefined): Promise<CompleteTurnView> {
+  async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, evidence: TurnEvidenceInput, call: Call, useCache: boolean, fleet: FleetCompletion | undefined): Promise<CompleteTurnView> {
+    const started = fleet?.process;
     const { gv, cached } = await this.#load(groupId, useCache);
     const fresh = (): void => {
       if (cached) throw new NeedsFreshRead();
@@ -705,6 +767,15 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     }
     if (!o.ok) fresh();
     if (!o.ok) throw o.error;
+    if (fleet?.takeOverFrom !== undefined && !o.duplicate) {
+      // Only a driver that is still this turn's and whose lease lapsed is taken over; decided on
+      // the record this completion writes over (a renewal since is a CAS conflict: decided again).
+      fresh();
+      const d = m.turnDriver;
+      if (d === undefined || d.turnId !== turnId || d.token !== fleet.takeOverFrom || this.ctx.now() <= d.leaseUntilMs + DRIVER_LEASE_SKEW_MS) {
+        throw new IdentityRefused('turn_in_flight', `turn ${turnId} still has its driver`, { details: { memberId, turnId } });
+      }
+    }
     const view: CompleteTurnView = {
       outcome: o.outcome,
       sessionKept: o.member.phase === 'RETAINED',
@@ -734,6 +805,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         ...x,
         session: o.member,
         turnProcess: undefined,
+        turnDriver: undefined,
         calls: recordTurnCall(x.calls, 'complete', call.key, call.request, outcome),
         turns: appendTurnEvidence(x.turns, record, budget),
       })),

@@ -19,6 +19,16 @@ export interface ExecStartInput {
   /** 0 = the default. */
   readonly cancelGraceMs: number;
   /**
+   * The container incarnation (ExecStartedView.incarnation) the caller believes in; absent or empty
+   * = any. Another one (the container restarted since) is refused.
+   */
+  readonly expectedIncarnation?: string | undefined;
+  /**
+   * RunTurn only: the output credit window (bytes in flight between the agent and the consumer);
+   * absent = the relay's default. RunTurn needs room for one whole CLI event line (turn-runner.ts).
+   */
+  readonly outputWindowBytes?: number | undefined;
+  /**
    * RunTurn only (never from the public Exec): run on the member's CLI process kept between turns —
    * start it (`argv`; the member's older idle one is ended first) or attach to the one named.
    */
@@ -57,7 +67,9 @@ export type ExecEvent =
  * A running exec. `events()` yields output, stdin credits and finally one exit; the consumer calls
  * `consumed(bytes)` once it has passed output on (that is what grants the host more output credit:
  * a slow consumer slows the process, nothing queues without bound). A transport or fencing failure
- * ends `events()` with a typed error (UNAVAILABLE).
+ * ends `events()` with a typed error (UNAVAILABLE). A consumer that stops reading before the exit
+ * must call `abandon()`: the process is cancelled and its remaining output credited back unread,
+ * so it can flush and exit instead of blocking on a full pipe.
  */
 export interface ExecSession {
   readonly started: ExecStartedView;
@@ -66,6 +78,8 @@ export interface ExecSession {
   writeStdin(bytes: Uint8Array): void;
   closeStdin(): void;
   cancel(graceMs?: number): void;
+  /** Nobody reads any more: cancel the process; queued and later output is dropped and credited back. */
+  abandon(): void;
   /** Turn processes only: the turn is over; the exec ends `detached` and the process is kept. */
   detach(): void;
 }

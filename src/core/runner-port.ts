@@ -111,6 +111,12 @@ export interface BeginTurnView {
   readonly startedAtMs: number;
   /** R-S6: the member's container was restarted first, ending a process whose exit was not confirmed. */
   readonly slotReclaimed?: boolean;
+  /**
+   * RunTurn only (never on the wire): the driver token of the begin that created the turn, stored
+   * with the answer, so a repeat of the call (same key) learns that another call created it — a
+   * call drives the turn only if this is its own token.
+   */
+  readonly driverToken?: string | undefined;
 }
 
 export interface CompleteTurnInput {

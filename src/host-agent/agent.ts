@@ -122,7 +122,7 @@ export class HostAgent {
     // Re-learn placement generations from container labels so fencing survives an agent restart.
     for (const c of await runtime.listMembers()) if (c.member) this.fence.observe(c.member.groupId, c.member.placementGeneration);
 
-    this.health = new HostHealth(runtime, engine.dockerRootDir, config.maxMembers, config.engineFailuresForDataLoss, this.nowMs);
+    this.health = new HostHealth(runtime, engine.dockerRootDir, config.maxMembers, config.engineFailuresForDataLoss, this.nowMs, () => this.execs?.turnProcesses() ?? []);
     const groups = new GroupOps({ runtime, config, imageId: () => imageId, nowMs: this.nowMs });
     const checkpoints = new CheckpointOps({
       runtime,

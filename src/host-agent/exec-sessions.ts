@@ -6,8 +6,17 @@
 // Bounded everywhere: output is sent only against credit the control plane granted (the Docker
 // stream is paused meanwhile, so the process blocks on a full pipe rather than the agent buffering),
 // stdin is accepted only up to the credit this agent granted, frames are at most 128 KiB, and the
-// number of sessions is capped. A control plane that falls silent (no keepalive within the idle
-// timeout) or a fenced epoch cancels the process: SIGINT, then SIGTERM and SIGKILL after the grace.
+// number of sessions is capped; nothing is ever sent beyond the credit, also not while a cancelled
+// process flushes (the control plane credits what nobody reads). A control plane that falls silent
+// (no keepalive within the idle timeout) or a fenced epoch cancels the process: SIGINT, then SIGTERM
+// and SIGKILL after the grace. This side sends its own numbered keepalive (a stdin credit of 0)
+// every third of the idle timeout, so the control plane sees a lost frame at the next one and a
+// silent host within the timeout, whatever the exec is waiting for.
+// Signals go to the exec's whole process group (runc starts every exec in its own session, so the
+// exec's pid leads its group and a shell's pipeline and a CLI's tools are in it), never to a bare
+// pid: the exec's pid is pinned at its start by its start time and cgroup in the host's /proc
+// (hostPID), so a pid reused by another process — on the host or in the container — is never
+// signalled; once the leader is gone, the members of its group still in the container are.
 //
 // Turn processes (RunTurn, R-S1 LIVE): a member's CLI process can be kept between turns. A START
 // exec starts it (after ending the member's older idle one: never two on one native session), an
@@ -20,6 +29,7 @@
 // a fenced epoch and when the agent stops (cancelAll). The inventory lists the running ones
 // (turnProcesses), which is the only evidence the control plane takes for LIVE.
 import { randomBytes } from 'node:crypto';
+import { readFile, readdir } from 'node:fs/promises';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import { ExecFrameParser, type DockerRuntime, type OpenExec } from '../docker/runtime.ts';
@@ -53,18 +63,6 @@ export interface ExecSessionsDeps {
   readonly nowMs: () => number;
 }
 
-/**
- * The turn processes of each engine's agent, by the DockerRuntime the agent gives both ExecSessions
- * and HostHealth: the inventory (host-health.ts) lists them through `turnProcessesOf`. Why not a
- * constructor argument: the two are wired separately in agent.ts; the runtime is what they share.
- */
-const turnProcessRegistry = new WeakMap<DockerRuntime, () => TurnProcessInfo[]>();
-
-/** The running turn processes on `runtime`'s engine (none if no agent keeps any there). */
-export function turnProcessesOf(runtime: DockerRuntime): TurnProcessInfo[] {
-  return turnProcessRegistry.get(runtime)?.() ?? [];
-}
-
 function validate(cmd: ExecStartCommand): void {
   const tp = cmd.turnProcess;
   if (tp === undefined || tp.mode === TurnProcessMode.START) {
@@ -95,16 +93,105 @@ interface SessionIo {
   write(data: Buffer, done: () => void): void;
   endInput(): void;
   state(): Promise<{ readonly running: boolean; readonly exitCode: number | null; readonly pid: number }>;
+  /** Signal the process's group (ProcessGroup.signal). */
+  signal(sig: NodeJS.Signals): Promise<boolean>;
   /** The session is over: a one-shot exec's stream is destroyed, a turn process is detached (kept if it runs). */
   release(): void;
 }
 
-/** Signal an exec's process by its host pid (the DaemonSet runs with hostPID). */
-async function signalExec(state: SessionIo['state'], sig: NodeJS.Signals): Promise<boolean> {
-  const st = await state();
-  if (!st.running || st.pid <= 0) return false;
-  process.kill(st.pid, sig);
-  return true;
+/** A process as the host's /proc shows it. */
+interface ProcStat {
+  readonly pgrp: number;
+  /** Clock ticks after boot: with the pid, names one process for the life of the host. */
+  readonly startTime: string;
+}
+
+/** /proc/<pid>/stat, or undefined if no such process (or no /proc of the host's pid namespace). */
+export async function procStat(pid: number, procRoot = '/proc'): Promise<ProcStat | undefined> {
+  let text: string;
+  try {
+    text = await readFile(`${procRoot}/${pid}/stat`, 'utf8');
+  } catch {
+    return undefined;
+  }
+  // The command name (field 2) may hold spaces and parentheses: the fields after it follow its last ')'.
+  const rest = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  const pgrp = Number(rest[2]);
+  const startTime = rest[19];
+  return Number.isSafeInteger(pgrp) && startTime !== undefined && /^\d+$/.test(startTime) ? { pgrp, startTime } : undefined;
+}
+
+/** True if process `pid` lives in container `containerId` (its cgroup path names the container). */
+export async function inContainer(pid: number, containerId: string, procRoot = '/proc'): Promise<boolean> {
+  if (!/^[0-9a-f]{64}$/.test(containerId)) return false;
+  try {
+    return (await readFile(`${procRoot}/${pid}/cgroup`, 'utf8')).includes(containerId);
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The process group of one exec (hostPID: the engine's pids are this /proc's). Its leader is pinned
+ * once, while it surely runs: pid from the engine, start time and cgroup from /proc. A signal then
+ * goes to the whole group while the leader is that very process; once the leader is gone (its pid
+ * free for reuse), to each process still in the group and in the container.
+ */
+export class ProcessGroup {
+  #leader: Promise<{ readonly pid: number; readonly startTime: string; readonly leads: boolean } | undefined> | undefined;
+
+  constructor(
+    private readonly state: SessionIo['state'],
+    private readonly containerId: string,
+    private readonly procRoot = '/proc',
+  ) {}
+
+  /** Pin the leader (idempotent); undefined if it cannot be told apart from other processes. */
+  pin(): Promise<{ readonly pid: number; readonly startTime: string; readonly leads: boolean } | undefined> {
+    this.#leader ??= (async () => {
+      // The engine names the pid once the process runs: a short wait at most.
+      for (let i = 0; i < 100; i++) {
+        const st = await this.state().catch(() => undefined);
+        if (st === undefined) return undefined;
+        if (st.pid > 0) {
+          const stat = await procStat(st.pid, this.procRoot);
+          if (stat === undefined || !(await inContainer(st.pid, this.containerId, this.procRoot))) return undefined;
+          return { pid: st.pid, startTime: stat.startTime, leads: stat.pgrp === st.pid };
+        }
+        if (!st.running && st.exitCode !== null) return undefined;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      return undefined;
+    })();
+    return this.#leader;
+  }
+
+  /** Send `sig`; false if nothing of the group is left to signal. */
+  async signal(sig: NodeJS.Signals): Promise<boolean> {
+    const leader = await this.pin();
+    if (leader === undefined) return false;
+    const now = await procStat(leader.pid, this.procRoot);
+    if (now !== undefined && now.startTime === leader.startTime) {
+      // Still the very process (or its zombie): its pid cannot have been reused.
+      process.kill(leader.leads ? -leader.pid : leader.pid, sig);
+      return true;
+    }
+    if (!leader.leads) return false;
+    // The leader is gone; children in its group may live on (a pipeline, a tool it started).
+    let sent = false;
+    for (const name of await readdir(this.procRoot).catch(() => [] as string[])) {
+      if (!/^\d+$/.test(name)) continue;
+      const pid = Number(name);
+      if ((await procStat(pid, this.procRoot))?.pgrp !== leader.pid || !(await inContainer(pid, this.containerId, this.procRoot))) continue;
+      try {
+        process.kill(pid, sig);
+        sent = true;
+      } catch {
+        // gone meanwhile
+      }
+    }
+    return sent;
+  }
 }
 
 /** One running exec: a process's bytes for one control-plane session. */
@@ -119,6 +206,7 @@ class Session {
   #end: ExecEnd = ExecEnd.EXITED;
   #cancelTimers: NodeJS.Timeout[] = [];
   #idle: NodeJS.Timeout | undefined;
+  #keepalive: NodeJS.Timeout | undefined;
   /** The exit is being reported: no more output goes out. */
   #closed = false;
   #cleanedUp = false;
@@ -143,11 +231,24 @@ class Session {
   start(): void {
     this.#touch();
     if (this.cmd.stdin) this.#send({ $case: 'stdinCredit', value: STDIN_WINDOW });
+    // This side's keepalive: numbered like every frame, so the control plane sees a gap (a lost
+    // frame) at the latest here, and hears the host while the exec waits for credit or input.
+    this.#keepalive = setInterval(() => this.#send({ $case: 'stdinCredit', value: 0 }), this.#idleMs() / 3);
+    this.#keepalive.unref?.();
+  }
+
+  #idleMs(): number {
+    return this.cmd.idleTimeoutMs > 0 ? this.cmd.idleTimeoutMs : 30_000;
   }
 
   #send(frame: NonNullable<ExecAgentFrame['frame']>): void {
     if (this.#closed && frame.$case !== 'exit' && frame.$case !== 'error') return;
-    this.deps.nc.publish(AgentSubjects.execOut(this.deps.hostId, this.cmd.execId), ExecAgentFrame.encode({ execId: this.cmd.execId, seq: ++this.#outSeq, frame }).finish());
+    try {
+      this.deps.nc.publish(AgentSubjects.execOut(this.deps.hostId, this.cmd.execId), ExecAgentFrame.encode({ execId: this.cmd.execId, seq: ++this.#outSeq, frame }).finish());
+    } catch (err) {
+      // The connection is closing (the agent stops): the control plane sees a silent host.
+      this.deps.logger.debug({ err, execId: this.cmd.execId }, 'exec frame not sent');
+    }
   }
 
   /** Output from the process: sent while credit lasts, else held and the stream paused. */
@@ -228,7 +329,7 @@ class Session {
 
   #touch(): void {
     if (this.#idle) clearTimeout(this.#idle);
-    const idleMs = this.cmd.idleTimeoutMs > 0 ? this.cmd.idleTimeoutMs : 30_000;
+    const idleMs = this.#idleMs();
     this.#idle = setTimeout(() => {
       this.deps.logger.warn({ execId: this.cmd.execId, idleMs }, 'the control plane fell silent: cancelling the exec');
       this.cancel(this.cmd.cancelGraceMs, ExecEnd.CANCELLED);
@@ -242,14 +343,18 @@ class Session {
     this.cancel(this.cmd.cancelGraceMs, ExecEnd.CANCELLED);
   }
 
-  /** SIGINT now, SIGTERM after the grace, SIGKILL after twice the grace (the process's own pid). */
+  /**
+   * SIGINT now, SIGTERM after the grace, SIGKILL after twice the grace (the exec's process group).
+   * What the process writes meanwhile goes out against credit as always (the control plane credits
+   * output nobody reads); after the SIGKILL it is dropped, so the stream can drain to its end.
+   */
   cancel(graceMs: number, end: ExecEnd): void {
     if (this.#cancelTimers.length > 0 || this.#closed) return;
     this.#end = end;
     const grace = Math.min(60_000, graceMs > 0 ? graceMs : 2_000);
     const signal = (sig: NodeJS.Signals) => async () => {
       try {
-        await signalExec(() => this.io.state(), sig);
+        await this.io.signal(sig);
       } catch (err) {
         this.deps.logger.debug({ err, execId: this.cmd.execId, sig }, 'signalling the exec failed (gone already?)');
       }
@@ -262,9 +367,6 @@ class Session {
       this.io.resume();
     }, 2 * grace));
     for (const t of this.#cancelTimers) t.unref?.();
-    // Output the process still writes while dying needs room to drain.
-    this.#outputCredit = Math.max(this.#outputCredit, EXEC_FRAME_BYTES);
-    this.#drainHeld();
   }
 
   /** The turn is over: end this exec, keep the process (its later output is discarded until the next turn). */
@@ -304,6 +406,7 @@ class Session {
     this.#held = [];
     for (const t of this.#cancelTimers) clearTimeout(t);
     if (this.#idle) clearTimeout(this.#idle);
+    if (this.#keepalive) clearInterval(this.#keepalive);
     this.#sub.unsubscribe();
     this.io.release();
     this.onClosed();
@@ -311,7 +414,7 @@ class Session {
 }
 
 /** A one-shot exec: the session owns the Docker stream. */
-function oneShot(exec: OpenExec, session: () => Session | undefined): SessionIo {
+function oneShot(exec: OpenExec, group: ProcessGroup, session: () => Session | undefined): SessionIo {
   const parser = new ExecFrameParser((stream, bytes) => session()?.output(stream, bytes));
   exec.stream.on('data', (chunk: Buffer) => parser.push(chunk));
   const ended = (): void => void session()?.ended();
@@ -324,6 +427,7 @@ function oneShot(exec: OpenExec, session: () => Session | undefined): SessionIo 
     write: (data, done) => void exec.stream.write(data, () => done()),
     endInput: () => exec.stream.end(),
     state: () => exec.state(),
+    signal: (sig) => group.signal(sig),
     release: () => exec.stream.destroy(),
   };
 }
@@ -336,6 +440,7 @@ class TurnProcess {
   #discarded = 0;
   readonly #exited: Promise<void>;
   #markExited!: () => void;
+  readonly #group: ProcessGroup;
 
   constructor(
     readonly groupId: string,
@@ -351,6 +456,8 @@ class TurnProcess {
   ) {
     this.startedAt = nowMs;
     this.#exited = new Promise((r) => (this.#markExited = r));
+    this.#group = new ProcessGroup(() => exec.state(), containerId);
+    void this.#group.pin();
     const parser = new ExecFrameParser((stream, bytes) => {
       if (this.#attached !== undefined) this.#attached.output(stream, bytes);
       else this.#discarded += bytes.length;
@@ -397,6 +504,7 @@ class TurnProcess {
       write: (data, done) => void this.exec.stream.write(data, () => done()),
       endInput: () => this.exec.stream.end(),
       state: () => this.exec.state(),
+      signal: (sig) => this.#group.signal(sig),
       release: () => {
         if (this.#attached !== session()) return;
         this.#attached = undefined;
@@ -415,13 +523,13 @@ class TurnProcess {
     if (this.#alive) {
       const deadline = new Promise<'late'>((r) => setTimeout(() => r('late'), graceMs).unref());
       try {
-        if (!(await signalExec(() => this.exec.state(), 'SIGTERM'))) this.exec.stream.destroy();
+        if (!(await this.#group.signal('SIGTERM'))) this.exec.stream.destroy();
       } catch {
         this.exec.stream.destroy();
       }
       if ((await Promise.race([this.#exited.then(() => 'ended' as const), deadline])) === 'late') {
         try {
-          await signalExec(() => this.exec.state(), 'SIGKILL');
+          await this.#group.signal('SIGKILL');
         } catch {
           // gone meanwhile
         }
@@ -444,9 +552,7 @@ export class ExecSessions {
   /** Turn processes by `<group>/<member>`. */
   readonly #turns = new Map<string, TurnProcess>();
 
-  constructor(private readonly deps: ExecSessionsDeps) {
-    turnProcessRegistry.set(deps.runtime, () => this.turnProcesses());
-  }
+  constructor(private readonly deps: ExecSessionsDeps) {}
 
   get size(): number {
     return this.#sessions.size;
@@ -478,7 +584,10 @@ export class ExecSessions {
       } catch (err) {
         throw failed('start_failed', `exec in ${cmd.memberId}: ${(err as Error).message}`, err);
       }
-      const session: Session = new Session(this.deps, cmd, oneShot(exec, () => session), () => this.#sessions.delete(cmd.execId));
+      const group = new ProcessGroup(() => exec.state(), c.id);
+      // Pinned now, while the process surely runs (a cancel may come at any time).
+      void group.pin();
+      const session: Session = new Session(this.deps, cmd, oneShot(exec, group, () => session), () => this.#sessions.delete(cmd.execId));
       exec.stream.on('error', (err: Error) => {
         this.deps.logger.warn({ err, execId: cmd.execId }, 'exec stream failed');
         void session.ended();

@@ -1,5 +1,6 @@
 // What the agent knows about its engine between commands: the inventory of member containers
-// (R-H3) and of the CLI processes it keeps between turns (exec-sessions.ts, R-S1), free capacity, and whether the Docker data directory was lost (R-H5) — the data root
+// (R-H3) and of the CLI processes it keeps between turns (ExecSessions.turnProcesses, given by the
+// agent, R-S1), free capacity, and whether the Docker data directory was lost (R-H5) — the data root
 // vanished from disk, or the engine failed to answer several checks in a row. Data loss is sticky
 // for the life of the process: a dockerd that comes back on an empty data root has not brought
 // the writable layers back.
@@ -8,8 +9,7 @@ import { statfs } from 'node:fs/promises';
 import { freemem } from 'node:os';
 import type { DockerRuntime } from '../docker/runtime.ts';
 import type { Capacity } from '../gen/sandboxfleet/v1/common.ts';
-import type { Inventory } from '../gen/sandboxfleet/v1/agent.ts';
-import { turnProcessesOf } from './exec-sessions.ts';
+import type { Inventory, TurnProcessInfo } from '../gen/sandboxfleet/v1/agent.ts';
 import { layerPresent } from './group-ops.ts';
 import { toWireContainer } from './wire.ts';
 
@@ -33,6 +33,8 @@ export class HostHealth {
     private readonly maxMembers: number,
     private readonly failuresForLoss: number,
     private readonly nowMs: () => number,
+    /** The CLI processes the agent keeps between turns (ExecSessions.turnProcesses). */
+    private readonly turnProcesses: () => TurnProcessInfo[],
   ) {}
 
   get dataLost(): boolean {
@@ -42,7 +44,7 @@ export class HostHealth {
   async inventory(): Promise<Inventory> {
     // Turn processes first: one listed in a container the listing then shows restarted or stopped is
     // judged against that newer container state (the control plane matches its container run).
-    const turnProcesses = turnProcessesOf(this.runtime);
+    const turnProcesses = this.turnProcesses();
     const containers = await this.runtime.listMembers();
     return { containers: containers.map((c) => toWireContainer(c, layerPresent(c))), takenAtUnixMs: this.nowMs(), turnProcesses };
   }

@@ -24,6 +24,9 @@ import { MAX_ERROR_CHARS, type CliKind, type EndKind, type TurnEndEvidence } fro
 
 export const ERROR_DETAIL_TYPE_URL = 'type.googleapis.com/sandboxfleet.v1.ErrorDetail';
 
+/** RunTurn with a timeout: the call's deadline is the turn's timeout plus this (begin, completion). */
+const RUN_TURN_MARGIN_MS = 60_000;
+
 /** The codes a retry may fix without risk (with the same idempotency key): R-I1. */
 const RETRYABLE = new Set<grpc.status>([grpc.status.UNAVAILABLE, grpc.status.ABORTED]);
 
@@ -250,6 +253,11 @@ export interface ExecArgs {
   readonly outputLimitBytes?: number;
   /** The placement generation you believe in (e.g. BeginTurn's); another one is refused. */
   readonly expectedGeneration?: number;
+  /**
+   * The container run you believe in (`started.incarnation` of an earlier exec): refused
+   * `stale_generation` if the member's container restarted since.
+   */
+  readonly expectedIncarnation?: string;
   readonly cancelGraceMs?: number;
 }
 
@@ -261,12 +269,23 @@ export type ExecOutputEvent =
 export class ExecHandle {
   #credit = 0;
   #creditWaiters: (() => void)[] = [];
+  /** The call ended (exit, refusal, cancel): no more credit will come. */
+  #ended = false;
 
   constructor(
     private readonly call: grpc.ClientDuplexStream<ExecRequest, ExecResponse>,
     private readonly frames: AsyncIterator<ExecResponse>,
     readonly started: ExecStarted,
-  ) {}
+  ) {
+    // However the call ends — read to the end or not — a pending write is released.
+    call.on('status', () => this.#end());
+    call.on('close', () => this.#end());
+  }
+
+  #end(): void {
+    this.#ended = true;
+    for (const w of this.#creditWaiters.splice(0)) w();
+  }
 
   /** Output chunks as the process writes them, then its exit. Throws RunnerError on a refusal or a lost host. */
   async *output(): AsyncIterable<ExecOutputEvent> {
@@ -282,13 +301,19 @@ export class ExecHandle {
       }
     } catch (error) {
       throw toRunnerError(error);
+    } finally {
+      this.#end();
     }
   }
 
-  /** Send stdin, waiting for the fleet's credit (read `output()` meanwhile: credits arrive there). */
+  /**
+   * Send stdin, waiting for the fleet's credit (read `output()` meanwhile: credits arrive there).
+   * Rejects `exec_ended` (FAILED_PRECONDITION) once the exec's stream ended with bytes not sent.
+   */
   async write(bytes: Uint8Array): Promise<void> {
     for (let at = 0; at < bytes.length;) {
-      while (this.#credit === 0) await new Promise<void>((r) => this.#creditWaiters.push(r));
+      while (this.#credit === 0 && !this.#ended) await new Promise<void>((r) => this.#creditWaiters.push(r));
+      if (this.#ended) throw new RunnerError({ code: grpc.status.FAILED_PRECONDITION, message: `the exec ended with ${bytes.length - at} stdin bytes not sent`, reason: 'exec_ended' });
       const n = Math.min(this.#credit, bytes.length - at, 128 * 1024);
       this.#credit -= n;
       this.call.write({ frame: { $case: 'stdin', value: Buffer.from(bytes.subarray(at, at + n)) } });
@@ -393,16 +418,22 @@ export class RunnerClient {
    * detects its end and completes it. Yields the stream's events as they come — `begun` first, then
    * the CLI's own event lines (`cliEvent`, JSON bytes) and stderr, and `end` last. Not retried: repeat
    * the call with the same `idempotencyKey` (options) to get the end of a turn whose stream broke.
+   * The call's deadline is `deadlineMs` if given, else `timeoutMs` (the turn's) plus a minute, else
+   * none: the client's default deadline is for short calls, not for a whole turn.
    */
   async *runTurn(args: RunTurnArgs, options: CallOptions & { readonly timeoutMs?: number } = {}): AsyncIterable<RunTurnResponse> {
     const idempotencyKey = options.idempotencyKey ?? randomUUID();
-    const deadline = Date.now() + (options.deadlineMs ?? Math.max(this.#deadlineMs, (options.timeoutMs ?? 0) + 10_000));
+    // The call lasts the whole turn: not the client's per-call default. With timeoutMs, that and a
+    // margin for the begin and the completion; without, none (the fleet bounds every turn itself).
+    const deadline = options.deadlineMs !== undefined ? Date.now() + options.deadlineMs
+      : options.timeoutMs !== undefined && options.timeoutMs > 0 ? Date.now() + options.timeoutMs + RUN_TURN_MARGIN_MS : Infinity;
     const call = this.#client.runTurn({
       idempotencyKey, groupId: args.groupId, memberId: args.memberId, prompt: args.prompt, model: args.model ?? '', timeoutMs: options.timeoutMs ?? 0,
       ...(args.locator !== undefined ? { locator: args.locator } : {}),
     }, new grpc.Metadata(), { deadline });
     const onAbort = (): void => call.cancel();
     options.signal?.addEventListener('abort', onAbort, { once: true });
+    if (options.signal?.aborted === true) call.cancel();
     try {
       for await (const event of call as AsyncIterable<RunTurnResponse>) yield event;
     } catch (error) {
@@ -422,12 +453,21 @@ export class RunnerClient {
   async exec(args: ExecArgs, options: { readonly deadlineMs?: number; readonly signal?: AbortSignal } = {}): Promise<ExecHandle> {
     const deadline = options.deadlineMs !== undefined ? Date.now() + options.deadlineMs : Infinity;
     const call = this.#client.exec(new grpc.Metadata(), deadline === Infinity ? {} : { deadline });
-    options.signal?.addEventListener('abort', () => call.cancel(), { once: true });
+    const signal = options.signal;
+    if (signal !== undefined) {
+      const onAbort = (): void => call.cancel();
+      signal.addEventListener('abort', onAbort, { once: true });
+      // The caller's signal may outlive the call by far: the listener goes with the call.
+      const off = (): void => signal.removeEventListener('abort', onAbort);
+      call.on('status', off);
+      call.on('close', off);
+      if (signal.aborted) call.cancel();
+    }
     const frames = (call as AsyncIterable<ExecResponse>)[Symbol.asyncIterator]();
     call.write({ frame: { $case: 'start', value: {
       groupId: args.groupId, memberId: args.memberId, argv: [...args.argv], env: Object.entries(args.env ?? {}).map(([name, value]) => ({ name, value })),
       workingDir: args.workingDir ?? '', stdin: args.stdin ?? false, timeoutMs: args.timeoutMs ?? 0, outputLimitBytes: args.outputLimitBytes ?? 0,
-      expectedGeneration: args.expectedGeneration ?? 0, cancelGraceMs: args.cancelGraceMs ?? 0,
+      expectedGeneration: args.expectedGeneration ?? 0, cancelGraceMs: args.cancelGraceMs ?? 0, expectedIncarnation: args.expectedIncarnation ?? '',
     } } });
     let first: IteratorResult<ExecResponse>;
     try {
@@ -472,10 +512,15 @@ export class RunnerClient {
               reject(new RunnerError({ code: grpc.status.CANCELLED, message: 'aborted by caller', reason: 'cancelled', idempotencyKey }));
               return;
             }
-            const call = method(request as never, new grpc.Metadata(), { deadline }, (error, response) =>
-              error ? reject(toRunnerError(error, idempotencyKey)) : resolve(response),
-            );
-            options.signal?.addEventListener('abort', () => call.cancel(), { once: true });
+            const signal = options.signal;
+            const onAbort = (): void => call.cancel();
+            const call = method(request as never, new grpc.Metadata(), { deadline }, (error, response) => {
+              // The listener lives as long as this attempt: the caller's signal may serve many calls.
+              signal?.removeEventListener('abort', onAbort);
+              if (error) reject(toRunnerError(error, idempotencyKey));
+              else resolve(response);
+            });
+            signal?.addEventListener('abort', onAbort, { once: true });
           }),
         options.signal,
       );

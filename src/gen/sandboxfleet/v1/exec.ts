@@ -21,7 +21,11 @@ export const protobufFileName = "sandboxfleet/v1/exec.proto";
  * refusal is a gRPC status with an ErrorDetail: NOT_FOUND (group/member), FAILED_PRECONDITION
  * (stale_generation: the placement moved; group_not_running), UNAVAILABLE (host_unreachable,
  * host_fenced: the host became SUSPECT/DEAD/REMOVED or its epoch changed mid-stream,
- * exec_transport_lost), INVALID_ARGUMENT (bounds), DEADLINE_EXCEEDED.
+ * exec_transport_lost: a frame was lost, or nothing was heard from the host for 30 s — the host
+ * agent sends a numbered keepalive every 10 s — or no exit came within twice the cancel grace and
+ * 5 s after a cancel, timeout or output limit), INVALID_ARGUMENT (bounds), DEADLINE_EXCEEDED.
+ * Cancel (and the end of the call) signals the exec's whole process group, so the children of a
+ * shell (pipelines, tools a CLI started) end with it.
  *
  * RunTurn (RunnerService.RunTurn, server stream): BeginTurn, the CLI's own command built by the
  * fleet from a typed request, the same turn-end detectors as the runner SDK run server-side, and
@@ -32,8 +36,13 @@ export const protobufFileName = "sandboxfleet/v1/exec.proto";
  * RESTORED (a new process resuming the saved locator). The model is fixed per process: a turn
  * naming another model (or after the operator changed the CLI profile) starts a new one, RESTORED.
  * Cancelling the call is not a turn end (R-S5): the fleet's turn goes on to the CLI's own end (or
- * the request's timeout_ms) and is completed with what the CLI said; the CLI's events are no longer
- * sent. Repeat the call with the same idempotency key to get that end. A host fenced mid-turn ends
+ * the request's timeout_ms, capped at the fleet's longest turn SANDBOXFLEET_RUN_TURN_MAX_MS, which
+ * is also what 0 means) and is completed with what the CLI said; the CLI's events are no longer
+ * sent. Repeat the call with the same idempotency key to get that end: exactly one call drives a
+ * turn (the one whose begin created it), a repeat waits for its end (at most 60 s per call, then
+ * FAILED_PRECONDITION turn_in_flight: repeat again). The driver holds a lease on the turn, renewed
+ * every 10 s; a repeat that finds it lapsed for 30 s (the driving replica died) completes the turn
+ * as not ended (the next BeginTurn reports LOST). A host fenced mid-turn ends
  * the call UNAVAILABLE host_fenced; the turn is completed as not ended (the next BeginTurn reports
  * LOST, R-S5).
  */
@@ -174,6 +183,14 @@ export interface ExecStart {
   expectedGeneration: number;
   /** Grace between SIGINT, SIGTERM and SIGKILL on cancel, timeout or output limit; 0 = 2 s; at most 60 s. */
   cancelGraceMs: number;
+  /**
+   * The container incarnation the caller believes in (ExecStarted.incarnation of an earlier exec):
+   * the member's container must still be that very run (not restarted since). Empty = any. Another
+   * one is refused FAILED_PRECONDITION stale_generation (details: incarnation): the fleet reads the
+   * container's start time from the host before starting the process, and checks the start's answer
+   * again (a restart in between cancels the process before any of its output reaches the caller).
+   */
+  expectedIncarnation: string;
 }
 
 /** Cancel the process: SIGINT now, SIGTERM after the grace, SIGKILL after twice the grace. */
@@ -330,6 +347,7 @@ function createBaseExecStart(): ExecStart {
     outputLimitBytes: 0,
     expectedGeneration: 0,
     cancelGraceMs: 0,
+    expectedIncarnation: "",
   };
 }
 
@@ -364,6 +382,9 @@ export const ExecStart: MessageFns<ExecStart> = {
     }
     if (message.cancelGraceMs !== 0) {
       writer.uint32(80).int32(message.cancelGraceMs);
+    }
+    if (message.expectedIncarnation !== "") {
+      writer.uint32(90).string(message.expectedIncarnation);
     }
     return writer;
   },
@@ -461,6 +482,14 @@ export const ExecStart: MessageFns<ExecStart> = {
             message.cancelGraceMs = reader.int32();
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.expectedIncarnation = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -513,6 +542,11 @@ export const ExecStart: MessageFns<ExecStart> = {
         : isSet(object.cancel_grace_ms)
         ? globalThis.Number(object.cancel_grace_ms)
         : 0,
+      expectedIncarnation: isSet(object.expectedIncarnation)
+        ? globalThis.String(object.expectedIncarnation)
+        : isSet(object.expected_incarnation)
+        ? globalThis.String(object.expected_incarnation)
+        : "",
     };
   },
 
@@ -548,6 +582,9 @@ export const ExecStart: MessageFns<ExecStart> = {
     if (message.cancelGraceMs !== 0) {
       obj.cancelGraceMs = Math.round(message.cancelGraceMs);
     }
+    if (message.expectedIncarnation !== "") {
+      obj.expectedIncarnation = message.expectedIncarnation;
+    }
     return obj;
   },
 
@@ -566,6 +603,7 @@ export const ExecStart: MessageFns<ExecStart> = {
     message.outputLimitBytes = object.outputLimitBytes ?? 0;
     message.expectedGeneration = object.expectedGeneration ?? 0;
     message.cancelGraceMs = object.cancelGraceMs ?? 0;
+    message.expectedIncarnation = object.expectedIncarnation ?? "";
     return message;
   },
 };
