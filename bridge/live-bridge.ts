@@ -18,8 +18,9 @@
 // - a turn is attached to the event subscription that is active when it starts; events of any other
 //   subscription never reach it, and a turn is never started while no subscription is active;
 // - `settled` (with the root session id) is emitted for the current turn once the native session is
-//   idle again after it was busy with the turn; events of other sessions are not forwarded, events
-//   of the root session and of the Task child sessions it reports (`parentID` chain) are;
+//   idle again after it was busy with the turn (a prompt the CLI accepted but never became busy with
+//   settles `aborted` after --start-timeout-ms, 30 s); events of other sessions are not forwarded,
+//   events of the root session and of the Task child sessions it reports (`parentID` chain) are;
 // - the stream cannot be replayed: a turn id is accepted once; a client that goes away aborts the
 //   native turn (`POST /session/:id/abort`) and the bridge refuses the next turn until the session is
 //   idle; a subscription that breaks aborts the turns attached to it, which settle `aborted`;
@@ -286,6 +287,8 @@ export function parseTurnRequest(body: unknown): TurnRequest | string {
 class Turn {
   readonly sessions: Set<string>;
   sawBusy = false;
+  /** When the CLI accepted the prompt (prompt_async answered). */
+  acceptedAt: number | undefined;
   done = false;
   /** Set when the bridge aborted the native turn; `settled` then says why. */
   aborted: string | undefined;
@@ -306,6 +309,8 @@ export interface BridgeOptions {
   /** Attach to a CLI server that is already running (tests of the bridge against a named stub) instead of starting one. */
   readonly attach?: { readonly url: string; readonly auth?: string };
   readonly binary?: string;
+  /** A prompt the CLI accepted but never became busy with, this long after, settles as aborted (never hangs). */
+  readonly startTimeoutMs?: number;
 }
 
 /** The bridge daemon (`live-bridge serve`). */
@@ -452,6 +457,11 @@ export class Bridge {
     if (t === undefined || t.done) return;
     if (busy(t.root)) t.sawBusy = true;
     else if (t.sawBusy) this.#settle(t);
+    else if (t.acceptedAt !== undefined && Date.now() - t.acceptedAt > (this.options.startTimeoutMs ?? 30_000)) {
+      // Idle, and never busy with the prompt it accepted: nothing will run; say so instead of waiting.
+      t.aborted = 'the CLI accepted the prompt but never started the turn';
+      this.#settle(t);
+    }
   }
 
   #settle(t: Turn): void {
@@ -520,6 +530,7 @@ export class Bridge {
       parts: [{ type: 'text', text: parsed.prompt }],
       ...(parsed.model !== undefined ? { model: parsed.model } : {}),
     }).catch((err: Error) => ({ status: 0, body: err.message }));
+    t.acceptedAt = Date.now();
     if (sent.status < 200 || sent.status >= 300) {
       // Refused by the CLI: nothing ran, so this is no native turn end (no `settled`).
       t.write('bridge.rejected', { status: sent.status, message: sent.body.slice(0, 2000) });
@@ -666,7 +677,7 @@ interface Args {
   readonly socket: string;
 }
 
-const VALUE_FLAGS = new Set(['cli', 'socket', 'turn-id', 'session', 'model', 'wait-ms', 'binary', 'attach', 'attach-auth']);
+const VALUE_FLAGS = new Set(['cli', 'socket', 'turn-id', 'session', 'model', 'wait-ms', 'binary', 'attach', 'attach-auth', 'start-timeout-ms']);
 
 export function parseArgs(argv: readonly string[]): Args | string {
   const flags = new Map<string, string>();
@@ -713,6 +724,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         cli, socket: args.socket,
         ...(attach !== undefined ? { attach: { url: attach, ...(args.flags.has('attach-auth') ? { auth: args.flags.get('attach-auth')! } : {}) } } : {}),
         ...(args.flags.has('binary') ? { binary: args.flags.get('binary')! } : {}),
+        ...(args.flags.has('start-timeout-ms') ? { startTimeoutMs: Number(args.flags.get('start-timeout-ms')) } : {}),
       });
       // The member's main process: SIGTERM (a clean stop) stops the CLI and exits 0 by itself (R-G2).
       process.on('SIGTERM', () => void bridge.stop(0));

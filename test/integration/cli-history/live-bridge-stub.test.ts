@@ -10,6 +10,7 @@
 //     events of other sessions are not forwarded; a Task child's are;
 //   - the event subscription breaking mid-turn aborts the native turn, which settles `aborted` once
 //     the session is idle; the next turn is attached to the new subscription;
+//   - a prompt the CLI accepted but never ran settles `aborted` after the start timeout;
 //   - no turn starts without a session the CLI knows; `--version` prints `http-agent-live-bridge=4`;
 //     SIGTERM stops the bridge with exit 0.
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -102,7 +103,7 @@ beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'sf-bridge-stub-'));
   socket = join(dir, 'bridge.sock');
   script = transpiledBridge();
-  bridge = spawn(process.execPath, [script, 'serve', '--cli', 'opencode', '--attach', stub.url, '--socket', socket], { stdio: ['ignore', 'ignore', 'pipe'] });
+  bridge = spawn(process.execPath, [script, 'serve', '--cli', 'opencode', '--attach', stub.url, '--socket', socket, '--start-timeout-ms', '1500'], { stdio: ['ignore', 'ignore', 'pipe'] });
   bridge.stderr!.resume();
   bridgeExit = new Promise((r) => bridge.on('exit', (code) => r(code)));
   await waitFor('the bridge subscribed', () => stub.streams.length === 1);
@@ -230,6 +231,13 @@ describe('live bridge v4 against a stub CLI server (named seam)', () => {
     expect(await next.exit).toBe(0);
   });
 
+  it('a prompt the CLI accepted but never became busy with settles aborted after the start timeout, never hangs', async () => {
+    const t = startTurn('turn-lazy', ROOT);
+    await waitFor('the prompt reached the CLI', () => stub.prompts.length === 6);
+    expect(await t.exit).toBe(0);
+    expect(t.lines().at(-1)).toEqual({ turnId: 'turn-lazy', type: 'settled', properties: { sessionID: ROOT, aborted: true, error: 'the CLI accepted the prompt but never started the turn' } });
+  });
+
   it('refuses a session the CLI does not know and a replayed turn id; SIGTERM stops it with exit 0', async () => {
     const unknown = startTurn('turn-6', 'ses_nosuchsession00000000001');
     expect(await unknown.exit).toBe(1);
@@ -237,7 +245,7 @@ describe('live bridge v4 against a stub CLI server (named seam)', () => {
     const replay = startTurn('turn-5', ROOT);
     expect(await replay.exit).toBe(1);
     expect(replay.stderr()).toContain('turn_replayed');
-    expect(stub.prompts).toHaveLength(5);
+    expect(stub.prompts).toHaveLength(6);
     bridge.kill('SIGTERM');
     expect(await bridgeExit).toBe(0);
   });
