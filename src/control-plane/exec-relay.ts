@@ -27,11 +27,12 @@
 import { randomUUID } from 'node:crypto';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
-import { Fenced, InvalidArgument, NotFound, PreconditionFailed, Unavailable, type FleetError, type Reason } from '../core/index.ts';
+import { Fenced, InvalidArgument, NotFound, PreconditionFailed, Unavailable, transitionGroup, type FleetError, type Reason } from '../core/index.ts';
 import type { ExecEvent, ExecExitView, ExecSession, ExecStartInput, ExecStartedView } from '../core/exec-port.ts';
 import { ContainerState, ExecAgentFrame, ExecControlFrame, TurnProcessMode } from '../gen/sandboxfleet/v1/agent.ts';
 import { ExecEnd, ExecStream } from '../gen/sandboxfleet/v1/exec.ts';
 import { CommandIds } from '../wire/agent-protocol.ts';
+import { AgentCommandFailed } from './agent-client.ts';
 import type { HostRecord } from './records.ts';
 import type { ControlPlaneDeps } from './state.ts';
 import { Keys } from './keys.ts';
@@ -98,6 +99,9 @@ function hostFenced(hostId: string, epoch: number, after: HostRecord | undefined
   return new Unavailable('host_fenced', `host ${hostId} is ${state} at epoch ${now} (the exec ran at epoch ${epoch})`, { details: { hostId, state } });
 }
 
+/** How often a running plain Exec renews the group's activity (so an idle stop never lands under it). */
+const EXEC_ACTIVITY_EVERY_MS = 60_000;
+
 class RelaySession implements ExecSession {
   readonly #queue: ExecEvent[] = [];
   #wake: (() => void) | undefined;
@@ -137,6 +141,14 @@ class RelaySession implements ExecSession {
    * Wire the session: frames in, keepalives out, liveness, host fencing, deadline, the caller's
    * signal — including a signal that aborted while the start was in flight.
    */
+  /** Record activity now and every EXEC_ACTIVITY_EVERY_MS while the exec runs. */
+  recordActivity(touch: () => Promise<void>): void {
+    void touch();
+    const t = setInterval(() => void touch(), EXEC_ACTIVITY_EVERY_MS);
+    t.unref?.();
+    this.#timers.push(t);
+  }
+
   attach(sub: Subscription, timeoutMs: number, signal: AbortSignal): void {
     this.#sub = sub;
     this.#lastHeardAt = this.deps.now();
@@ -347,6 +359,19 @@ export class ExecRelay {
     this.#idleTimeoutMs = options.idleTimeoutMs ?? EXEC_IDLE_TIMEOUT_MS;
   }
 
+  /** The group saw activity now (R-G4: its checkpoints are stale; R-G8: it is not idle). Best effort. */
+  async #touch(groupId: string): Promise<void> {
+    try {
+      await this.deps.groups.transact(groupId, (g) => {
+        if (g === undefined || g.lifecycle.state !== 'RUNNING') return undefined;
+        const next = transitionGroup(g.lifecycle, { type: 'exec_activity' }, this.deps.now());
+        return next.ok ? { record: { ...g, lifecycle: next.value, updatedAtMs: this.deps.now() } } : undefined;
+      });
+    } catch (err) {
+      this.deps.logger.warn({ err, groupId }, 'recording an exec as group activity failed');
+    }
+  }
+
   async exec(input: ExecStartInput, signal: AbortSignal): Promise<ExecSession> {
     check(input);
     const { deps } = this;
@@ -367,7 +392,7 @@ export class ExecRelay {
     const target = { hostId: lc.hostId, epoch: host.lifecycle.epoch, generation: lc.generation };
     const execId = `x-${randomUUID()}`;
     const expected = input.expectedIncarnation !== undefined && input.expectedIncarnation !== '' ? input.expectedIncarnation : undefined;
-    const staleIncarnation = (now: string): Fenced => new Fenced('stale_generation', `member ${input.memberId}'s container is at incarnation ${now}, not ${expected ?? ''} (it restarted)`, { details: { groupId: input.groupId, memberId: input.memberId, incarnation: now } });
+    const staleIncarnation = (now: string): Fenced => new Fenced('stale_incarnation', `member ${input.memberId}'s container is at incarnation ${now}, not ${expected ?? ''} (it restarted)`, { details: { groupId: input.groupId, memberId: input.memberId, incarnation: now } });
     if (expected !== undefined) {
       // The container run the caller believes in, checked with the host before anything starts
       // (a heartbeat may be older than the restart, so only a fresh inventory can say "not that run").
@@ -398,6 +423,8 @@ export class ExecRelay {
             groupId: input.groupId, memberId: input.memberId, execId, containerId: member.containerId,
             argv: [...input.argv], env: input.env.map((e) => ({ name: e.name, value: e.value })), workingDir: input.workingDir, stdin: input.stdin,
             outputWindowBytes: window, idleTimeoutMs: this.#idleTimeoutMs, cancelGraceMs: graceMs,
+            // The agent checks it too, at the start itself (the inventory above is a moment older).
+            expectedStartedAtUnixMs: expected !== undefined ? Number(expected) : 0,
             turnProcess: input.turnProcess === undefined ? undefined : input.turnProcess.mode === 'start'
               ? { mode: TurnProcessMode.START, processId: '', commandDigest: input.turnProcess.commandDigest }
               : { mode: TurnProcessMode.ATTACH, processId: input.turnProcess.processId, commandDigest: '' },
@@ -413,6 +440,7 @@ export class ExecRelay {
       session = new RelaySession(deps, this.nc, started, input.outputLimitBytes > 0 ? input.outputLimitBytes : DEFAULT_OUTPUT_LIMIT, graceMs, window, this.#idleTimeoutMs);
       session.attach(sub, input.timeoutMs, signal);
       for (const data of early.splice(0)) session.frame(data);
+      if (input.recordsActivity !== false) session.recordActivity(() => this.#touch(input.groupId));
       if (expected !== undefined && started.incarnation !== expected) {
         // The container restarted between the check and the start: nothing of it reaches the caller.
         session.abandon();
@@ -424,7 +452,27 @@ export class ExecRelay {
       return session;
     } catch (err) {
       if (session === undefined) sub.unsubscribe();
-      throw err;
+      throw startRefusal(err, input, expected);
     }
+  }
+}
+
+/** What the agent's refusal of an execStart means to the caller (never an INTERNAL error). */
+function startRefusal(err: unknown, input: ExecStartInput, expected: string | undefined): unknown {
+  if (!(err instanceof AgentCommandFailed)) return err;
+  const details = { groupId: input.groupId, memberId: input.memberId, agentReason: err.reason };
+  switch (err.reason) {
+    case 'stale_incarnation':
+      return new Fenced('stale_incarnation', `member ${input.memberId}'s container restarted since incarnation ${expected ?? ''}: ${err.detail}`, { details });
+    case 'stale_epoch':
+    case 'stale_generation':
+      return new Fenced(err.reason, `the exec was fenced by the host: ${err.detail}`, { details });
+    case 'member_not_found':
+    case 'group_not_found':
+      return new Unavailable('container_missing', `member ${input.memberId}'s container is not there or not running: ${err.detail}`, { details });
+    case 'invalid_argument':
+      return new InvalidArgument('malformed', `the host refused the exec: ${err.detail}`, { details });
+    default:
+      return new Unavailable('host_unreachable', `the host could not start the exec (${err.reason}): ${err.detail}`, { details });
   }
 }

@@ -479,7 +479,7 @@ export class TurnRunner {
       session = await this.relay.exec({
         groupId: input.groupId, memberId: input.memberId, argv: plan.command.argv, env: Object.entries(plan.command.env).map(([name, value]) => ({ name, value })),
         workingDir: '', stdin: plan.kind === 'turn_process', timeoutMs, outputLimitBytes: 0, expectedGeneration: begun.generation, cancelGraceMs: 0,
-        outputWindowBytes: TURN_WINDOW_BYTES,
+        outputWindowBytes: TURN_WINDOW_BYTES, recordsActivity: false,
         ...(onProcess !== undefined ? { turnProcess: onProcess } : {}),
       }, abort);
     } catch (err) {

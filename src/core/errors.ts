@@ -90,7 +90,9 @@ export type FencedReason =
   /** The message carries an older placement generation than the group's current one. */
   | 'stale_generation'
   /** The message carries a placement generation newer than the group's current one. */
-  | 'unknown_generation';
+  | 'unknown_generation'
+  /** The member's container restarted since the caller saw it (Exec's expected incarnation, R-I9). */
+  | 'stale_incarnation';
 
 /** Every stable reason string a FleetError can carry. */
 export type Reason =
@@ -116,7 +118,7 @@ export const CONFLICT_REASONS = everyMemberOf<ConflictReason>()(['cas_conflict']
 export const NOT_FOUND_REASONS = everyMemberOf<NotFoundReason>()(['host_not_found', 'group_not_found', 'member_not_found', 'checkpoint_not_found', 'turn_not_found']);
 export const UNAVAILABLE_REASONS = everyMemberOf<UnavailableReason>()(['store_unavailable', 'host_unreachable', 'container_missing', 'observer_stalled', 'gc_in_progress', 'host_fenced', 'exec_transport_lost']);
 export const NO_CAPACITY_REASONS = everyMemberOf<NoCapacityReason>()(['no_capacity', 'no_eligible_host']);
-export const FENCED_REASONS = everyMemberOf<FencedReason>()(['stale_epoch', 'unknown_epoch', 'stale_generation', 'unknown_generation']);
+export const FENCED_REASONS = everyMemberOf<FencedReason>()(['stale_epoch', 'unknown_epoch', 'stale_generation', 'unknown_generation', 'stale_incarnation']);
 
 /** Every Reason a FleetError can carry, each once. */
 export const REASONS: readonly Reason[] = [...new Set<Reason>([

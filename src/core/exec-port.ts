@@ -24,6 +24,11 @@ export interface ExecStartInput {
    */
   readonly expectedIncarnation?: string | undefined;
   /**
+   * A plain Exec counts as activity on the group (it may change native state, and a group running
+   * one is not idle: no idle stop under it). RunTurn's own execs say false: the turn is the activity.
+   */
+  readonly recordsActivity?: boolean | undefined;
+  /**
    * RunTurn only: the output credit window (bytes in flight between the agent and the consumer);
    * absent = the relay's default. RunTurn needs room for one whole CLI event line (turn-runner.ts).
    */

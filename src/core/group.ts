@@ -55,6 +55,11 @@ export type GroupEvent =
   | { readonly type: 'started' }
   /** A native turn completed on a member (R-G4: makes older checkpoints stale). */
   | { readonly type: 'turn_completed' }
+  /**
+   * A process ran in a member container outside a turn (Exec, R-I9): it may have changed native
+   * state (older checkpoints become stale, R-G4) and the group is not idle (no idle stop under it).
+   */
+  | { readonly type: 'exec_activity' }
   | { readonly type: 'stop_requested' }
   /** All member containers have stopped; the verdict comes from decideStopCleanliness. */
   | { readonly type: 'stopped'; readonly verdict: StopVerdict }
@@ -97,6 +102,9 @@ export function transitionGroup(group: GroupLifecycle, event: GroupEvent, nowMs:
       return ok({ ...base(group), ...touched(group, nowMs), state: 'RUNNING', runningSinceMs: nowMs });
     case 'turn_completed':
       if (group.state !== 'RUNNING' && group.state !== 'STOPPING') return refuse(group, event);
+      return ok({ ...group, ...touched(group, nowMs) });
+    case 'exec_activity':
+      if (group.state !== 'RUNNING') return refuse(group, event);
       return ok({ ...group, ...touched(group, nowMs) });
     case 'stop_requested':
       if (group.state !== 'RUNNING') return refuse(group, event);

@@ -575,6 +575,9 @@ export class ExecSessions {
     if (!c.running) throw refused('group_not_found', `member ${cmd.memberId}'s container is not running`);
     const parsed = c.startedAt === undefined ? 0 : Date.parse(c.startedAt);
     const startedAt = Number.isFinite(parsed) ? parsed : 0;
+    if (cmd.expectedStartedAtUnixMs > 0 && startedAt !== cmd.expectedStartedAtUnixMs) {
+      throw refused('stale_incarnation', `member ${cmd.memberId}'s container started at ${startedAt}, not ${cmd.expectedStartedAtUnixMs} (it restarted)`);
+    }
     const result = { execId: cmd.execId, containerId: c.id, startedAtUnixMs: startedAt };
     const tp = cmd.turnProcess;
     if (tp === undefined) {

@@ -28,7 +28,7 @@ export const CommandIds = {
  */
 export type AgentRefusalReason =
   // fencing and admission (R-H6)
-  | 'stale_epoch' | 'unknown_epoch' | 'stale_generation' | 'not_registered' | 'host_not_admitted' | 'wrong_host'
+  | 'stale_epoch' | 'unknown_epoch' | 'stale_generation' | 'stale_incarnation' | 'not_registered' | 'host_not_admitted' | 'wrong_host'
   // malformed or impossible commands
   | 'malformed' | 'invalid_argument' | 'deadline_exceeded'
   // group state on the host
@@ -61,7 +61,7 @@ export const LAYER_DATA_REASONS = everyMemberOf<LayerDataReason>()([
 ]);
 
 export const AGENT_REFUSAL_REASONS = everyMemberOf<AgentRefusalReason>()([
-  'stale_epoch', 'unknown_epoch', 'stale_generation', 'not_registered', 'host_not_admitted', 'wrong_host',
+  'stale_epoch', 'unknown_epoch', 'stale_generation', 'stale_incarnation', 'not_registered', 'host_not_admitted', 'wrong_host',
   'malformed', 'invalid_argument', 'deadline_exceeded',
   'group_not_found', 'member_not_found', 'member_mismatch', 'group_running', 'state_changed', 'no_capacity',
   'start_failed', 'stop_failed', 'unclean_stop',

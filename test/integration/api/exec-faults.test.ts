@@ -139,7 +139,7 @@ describe('Exec when things go wrong', () => {
     expect(r.exit).toMatchObject({ end: 'cancelled', exitCode: 7 });
   }, 60_000);
 
-  it('the container incarnation fence: the current run is taken, another one is refused stale_generation', async () => {
+  it('the container incarnation fence: the current run is taken, another one is refused stale_incarnation', async () => {
     const first = await runner.exec({ groupId, memberId: 'm1', argv: ['true'] });
     for await (const e of first.output()) void e;
     const same = await runner.exec({ groupId, memberId: 'm1', argv: ['true'], expectedIncarnation: first.started.incarnation });
@@ -147,7 +147,7 @@ describe('Exec when things go wrong', () => {
     for await (const e of same.output()) void e;
     const stale = await runner.exec({ groupId, memberId: 'm1', argv: ['sleep', '613'], expectedIncarnation: String(Number(first.started.incarnation) - 1000) }).then(() => undefined, (e: unknown) => e);
     expect(stale).toBeInstanceOf(RunnerError);
-    expect(stale).toMatchObject({ reason: 'stale_generation', metadata: { incarnation: first.started.incarnation } });
+    expect(stale).toMatchObject({ reason: 'stale_incarnation', metadata: { incarnation: first.started.incarnation } });
     expect(await processes('sleep 613')).toEqual([]);
   }, 60_000);
 

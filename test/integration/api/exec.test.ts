@@ -94,6 +94,16 @@ describe('Exec through the fleet', () => {
     expect(chatty.stdout.length).toBe(1024 * 1024);
   });
 
+  it('counts as activity on the group: its older checkpoints are stale and it is not idle', async () => {
+    const before = (await fleet.group(groupId)).lifecycle;
+    await collect(await runner.exec({ groupId, memberId: 'm1', argv: ['true'] }));
+    const after = await fleet.waitFor('activity recorded', async () => {
+      const lc = (await fleet.group(groupId)).lifecycle;
+      return lc.activityVersion > before.activityVersion ? lc : undefined;
+    }, 10_000);
+    expect(after.lastActivityAtMs).toBeGreaterThanOrEqual(before.lastActivityAtMs);
+  });
+
   it('refuses a placement generation that is not the current one', async () => {
     const e = await runner.exec({ groupId, memberId: 'm1', argv: ['true'], expectedGeneration: 7 }).then(() => undefined, (err: unknown) => err);
     expect(e).toBeInstanceOf(RunnerError);

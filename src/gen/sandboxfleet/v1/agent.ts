@@ -633,7 +633,14 @@ export interface ExecStartCommand {
    * RunTurn only: the member's CLI process kept between turns. Absent: a plain exec that ends with
    * its process.
    */
-  turnProcess?: TurnProcessSpec | undefined;
+  turnProcess?:
+    | TurnProcessSpec
+    | undefined;
+  /**
+   * The container start time (unix ms) the caller believes the member runs in; 0 = any. Another one
+   * (the container restarted) is refused stale_incarnation before anything starts.
+   */
+  expectedStartedAtUnixMs: number;
 }
 
 /**
@@ -4823,6 +4830,7 @@ function createBaseExecStartCommand(): ExecStartCommand {
     idleTimeoutMs: 0,
     cancelGraceMs: 0,
     turnProcess: undefined,
+    expectedStartedAtUnixMs: 0,
   };
 }
 
@@ -4863,6 +4871,9 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
     }
     if (message.turnProcess !== undefined) {
       TurnProcessSpec.encode(message.turnProcess, writer.uint32(98).fork()).join();
+    }
+    if (message.expectedStartedAtUnixMs !== 0) {
+      writer.uint32(104).int64(message.expectedStartedAtUnixMs);
     }
     return writer;
   },
@@ -4976,6 +4987,14 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
             message.turnProcess = TurnProcessSpec.decode(reader, reader.uint32());
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.expectedStartedAtUnixMs = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5040,6 +5059,11 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
         : isSet(object.turn_process)
         ? TurnProcessSpec.fromJSON(object.turn_process)
         : undefined,
+      expectedStartedAtUnixMs: isSet(object.expectedStartedAtUnixMs)
+        ? globalThis.Number(object.expectedStartedAtUnixMs)
+        : isSet(object.expected_started_at_unix_ms)
+        ? globalThis.Number(object.expected_started_at_unix_ms)
+        : 0,
     };
   },
 
@@ -5081,6 +5105,9 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
     if (message.turnProcess !== undefined) {
       obj.turnProcess = TurnProcessSpec.toJSON(message.turnProcess);
     }
+    if (message.expectedStartedAtUnixMs !== 0) {
+      obj.expectedStartedAtUnixMs = Math.round(message.expectedStartedAtUnixMs);
+    }
     return obj;
   },
 
@@ -5103,6 +5130,7 @@ export const ExecStartCommand: MessageFns<ExecStartCommand> = {
     message.turnProcess = (object.turnProcess !== undefined && object.turnProcess !== null)
       ? TurnProcessSpec.fromPartial(object.turnProcess)
       : undefined;
+    message.expectedStartedAtUnixMs = object.expectedStartedAtUnixMs ?? 0;
     return message;
   },
 };

@@ -527,7 +527,7 @@ export function turnEndKindToJSON(object: TurnEndKind): string {
  *   host_not_ready, attestation_refused, group_not_running, cli_unsupported, or the loss reason
  *   (below) of an operation that ended the group LOST.
  * - FAILED_PRECONDITION, fencing (R-H6): stale_epoch, unknown_epoch, stale_generation,
- *   unknown_generation.
+ *   unknown_generation, stale_incarnation.
  * - ABORTED: cas_conflict. RESOURCE_EXHAUSTED: no_capacity, no_eligible_host.
  * - NOT_FOUND: host_not_found, group_not_found, member_not_found, checkpoint_not_found,
  *   turn_not_found.
@@ -550,7 +550,7 @@ export function turnEndKindToJSON(object: TurnEndKind): string {
  *   node_deleted, node_cordoned, disruption_taint, spot_preemption, reclaim_notice, lease_ending,
  *   heartbeat_lost, docker_data_lost.
  * - Agent command refusals (domain "host-agent"; CommandResult.reason): stale_epoch,
- *   unknown_epoch, stale_generation, not_registered, host_not_admitted, wrong_host, malformed,
+ *   unknown_epoch, stale_generation, stale_incarnation, not_registered, host_not_admitted, wrong_host, malformed,
  *   invalid_argument, deadline_exceeded, group_not_found, member_not_found, member_mismatch,
  *   group_running, state_changed, no_capacity, start_failed, stop_failed, unclean_stop,
  *   bridge_unproven, session_files_missing, checkpoint_exists, manifest_exists,
