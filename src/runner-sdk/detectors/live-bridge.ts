@@ -118,9 +118,13 @@ class LiveBridgeDetector implements TurnEndDetector {
     return this.t.evidence(text.empty ? undefined : text.toString());
   }
 
-  /** Root session: the resumed one, else the one the bridge settled, else the first prompt's. */
+  /**
+   * Root session: the one the bridge settled (the session the turn ran in), else the resumed one,
+   * else the first prompt's. A turn that ran in another session than the resumed one is flagged as a
+   * locator conflict (R-S2) and judged by what happened in the session it ran in.
+   */
   private rootSession(): string | undefined {
-    return this.expectedSession ?? this.settledSession ?? this.firstUserSession;
+    return this.settledSession ?? this.expectedSession ?? this.firstUserSession;
   }
 
   private onMessage(info: Rec | undefined): void {

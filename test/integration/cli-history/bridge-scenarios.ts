@@ -15,7 +15,9 @@
 //   5. a failed call the CLI retries by itself (HTTP 500 once) that succeeds, then a native resume
 //      (stop, RESTORED): every message once;
 //   6. stop → host killed → restored elsewhere (the cold-start check proves the session's row) →
-//      resume on host-b: the CLI's own session listing names the session, the history is intact.
+//      resume on host-b: the CLI's own session listing names the session, the history is intact;
+//   7. the control plane refuses a locator change at begin, and at the end of an ended-failed turn
+//      the bridge ran in a new native session (the SDK's detector flags it first).
 // A second conversation exercises the bridge contract with the real CLI: a Task child session's
 // permission request is answered by the bridge (`once`) and the turn settles on the root session
 // with the root's text only; a runner stream that drops mid-turn aborts the native turn (the
@@ -170,6 +172,28 @@ export function bridgeHistoryScenarios(cli: BridgeCli): void {
       expect(t9.begun).toMatchObject({ contextState: ContextState.RESTORED, hostId: 'host-b', locator });
       const listed = (await cliApi(h, groupId, cli, 'GET', '/session')) as Array<{ id: string; parentID?: string }>;
       expect(listed.filter((s) => s.parentID === undefined).map((s) => s.id)).toEqual([locator]);
+    });
+
+    it('refuses a locator change at begin, and at the end of an ended-failed turn the bridge ran in a new session; the saved one stays', async () => {
+      await h.expectLocatorChangeRefusedAtBegin(groupId, cli);
+      const before = (await h.runner.getGroupState({ groupId })).group?.members[0];
+      // A runner that lost the locator: `live-bridge turn` without --session opens a new native session; its call fails.
+      h.api.failNext(1_000, 400);
+      const t = await runBridgeTurn(h, groupId, cli, prompt('MARK-TEN'), { session: null }).finally(() => h.api.failNext(0, 500));
+      expect(t.begun.locator).toBe(locator);
+      // The SDK's detector judges the turn by the session it ran in, and flags that it is not the resumed one.
+      expect(t.evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, endKind: 'settled' });
+      expect(t.evidence.error).toContain('fake failure');
+      expect(t.evidence.observedLocator).toMatch(/^ses_/);
+      expect(t.evidence.observedLocator).not.toBe(locator);
+      expect(t.evidence.locatorConflict).toEqual({ kept: locator, other: t.evidence.observedLocator, source: 'expected' });
+      const refused = await completeWith(h.runner, groupId, cli, t.begun, t, false).then(() => undefined, (e: unknown) => e);
+      expect(refused).toBeInstanceOf(RunnerError);
+      expect((refused as RunnerError).reason).toBe('locator_mismatch');
+      expect((await h.runner.getGroupState({ groupId })).group?.members[0]).toMatchObject({ savedLocator: locator, turnInFlightId: '', completedTurns: before?.completedTurns });
+      const t11 = await turn('MARK-ELEVEN');
+      expect(t11.begun.locator).toBe(locator);
+      expect(t11.requests.every((r) => !JSON.stringify(r.raw).includes('MARK-TEN'))).toBe(true);
     });
   });
 
