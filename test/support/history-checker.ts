@@ -1,4 +1,4 @@
-// The one full-text request-history checker of the pinned-CLI regression tests (R-P1, SPEC §7.1):
+// The one full-text request-history checker of the pinned-CLI regression tests (R-P1):
 // every request the model API receives is read in full — the system prompt, developer/system
 // messages, every user and assistant message, tool blocks — as role + normalized text, and compared
 // with the history the conversation must have: expected order and counts, nothing dropped, nothing

@@ -1,4 +1,4 @@
-// The request-history scenarios (R-P1, SPEC §7.1) and the live-bridge v4 contract (R-S5, R-S7) for a
+// The request-history scenarios (R-P1) and the live-bridge v4 contract (R-S5, R-S7) for a
 // CLI behind the project's bridge (OpenCode, Kilo), run for real: the pinned binary as `<cli> serve`
 // under `live-bridge serve` as the member's main process, turns driven the way a runner without
 // Docker access drives them (BeginTurn, `live-bridge turn` through the fleet's Exec, the runner SDK's
