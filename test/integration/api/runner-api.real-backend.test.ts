@@ -179,6 +179,14 @@ describe('status codes and reasons per error class, real backend (R-I1)', () => 
     await fleet.writeSession(t.hostId, t.containerId, 'sess-gone-2');
     await runner.completeTurn({ groupId, memberId: 'm1', turnId: t.turnId, observedLocator: 'sess-gone-2', evidence: ok() });
     await fleet.hosts[0]!.docker.getContainer(t.containerId).remove({ force: true });
+    // A heartbeat taken before the removal still proves the process LIVE for its freshness window
+    // (the R-S1 fast path, runner-backend.ts: the same race a per-turn inventory has, a little
+    // wider); this case is about the begin that follows, so it waits for a heartbeat that saw it gone.
+    const removedAt = Date.now();
+    await fleet.waitFor('a heartbeat after the removal', async () => {
+      const hb = plane.fleet.heartbeat(t.hostId);
+      return hb !== undefined && hb.receivedAtMs > removedAt + 50 && !hb.containers.some((c) => c.containerId === t.containerId) ? true : undefined;
+    }, 10_000);
     const lost = await expectRefused(runner.beginTurn({ groupId, memberId: 'm1' }), grpc.status.FAILED_PRECONDITION, 'context_lost');
     console.info(`begin after the container was removed: context_lost, lostReason ${lost.metadata.lostReason}`);
     expect(lost.metadata.lostReason ?? '').not.toBe('');
