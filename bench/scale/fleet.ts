@@ -6,8 +6,8 @@
 // Records are what a fleet that has lived looks like, not minimal ones: every group is STOPPED after
 // a clean stop with one member that has completed turns, its last BeginTurn/CompleteTurn answers and
 // older key digests (turn idempotency state kept in the record), the evidence of its clean stop,
-// and — except on the victim host — a latest checkpoint with its index record. The victim host's
-// groups have no checkpoint, so when that host is declared DEAD each becomes LOST `no_checkpoint`:
+// and — except on the victim hosts — a latest checkpoint with its index record. The victim hosts'
+// groups have no checkpoint, so when such a host is declared DEAD each becomes LOST `no_checkpoint`:
 // an observable decision per group that needs no containers.
 import type { CheckpointRecord, GroupRecord } from '../../src/control-plane/records.ts';
 import type { Product } from './product.ts';
@@ -20,8 +20,9 @@ export const BENCH_IMAGE_DIGEST = `sha256:${'5ca1e'.repeat(12)}abcd`;
 export const hostId = (h: number): string => `sim-${String(h).padStart(4, '0')}`;
 export const groupId = (i: number): string => `g${String(i).padStart(6, '0')}`;
 export const hostOfGroup = (i: number, hosts: number): number => i % hosts;
-/** The host whose heartbeats stop (declared DEAD): a fixed one, not the first. */
-export const victimHost = (hosts: number): number => Math.min(7, hosts - 1);
+/** The hosts whose heartbeats stop, one after another (each declared DEAD): the last three. */
+export const victimHosts = (hosts: number): number[] => [hosts - 3, hosts - 2, hosts - 1].filter((h) => h >= 0);
+const isVictim = (h: number, hosts: number): boolean => h >= hosts - 3;
 
 /** A stable 32-hex digest for planted idempotency fields (the schema wants hex digests). */
 function hex(seed: string, n = 32): string {
@@ -40,7 +41,7 @@ export const checkpointIdOf = (i: number): string => `ck-${groupId(i)}-g1-a3`;
 export function groupRecord(i: number, hosts: number, nowMs: number): GroupRecord {
   const id = groupId(i);
   const h = hostOfGroup(i, hosts);
-  const withCheckpoint = h !== victimHost(hosts);
+  const withCheckpoint = !isVictim(h, hosts);
   const turnId = `turn-${hex(`${id}-t3`, 24)}`;
   const container = hex(`${id}-c`, 64);
   const answer = (kind: string) => ({ ok: true as const, value: { turnId, contextState: 'LIVE', hostId: hostId(h), containerId: container, kind, locator: `sess-${hex(id, 16)}` } });
@@ -69,10 +70,10 @@ export function groupRecord(i: number, hosts: number, nowMs: number): GroupRecor
   };
 }
 
-/** The checkpoint index record of group `i`, or undefined for the victim host's groups. */
+/** The checkpoint index record of group `i`, or undefined for the victim hosts' groups. */
 export function checkpointRecord(i: number, hosts: number, nowMs: number): CheckpointRecord | undefined {
   const h = hostOfGroup(i, hosts);
-  if (h === victimHost(hosts)) return undefined;
+  if (isVictim(h, hosts)) return undefined;
   return {
     checkpointId: checkpointIdOf(i),
     groupId: groupId(i),
