@@ -11,6 +11,7 @@
 //   STOPPED     subscription drained; the NATS connection belongs to the caller.
 import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../core/agent-subjects.ts';
 import type { DockerRuntime } from '../docker/runtime.ts';
@@ -47,7 +48,7 @@ export interface HostAgentDeps {
 export class HostAgentError extends Error {
   override readonly name = 'HostAgentError';
   constructor(
-    readonly reason: 'image_not_found' | 'image_id_mismatch' | 'data_root_not_visible' | 'invalid_state',
+    readonly reason: 'image_not_found' | 'image_id_mismatch' | 'data_root_not_visible' | 'data_root_mismatch' | 'invalid_state',
     message: string,
   ) {
     super(message);
@@ -115,6 +116,9 @@ export class HostAgent {
     const engine = await runtime.engineInfo();
     // Layers are read and written in the engine's data root, and its disappearance is how data loss
     // is seen (R-H5): the agent must see it at the engine's own path (the DaemonSet mounts it so).
+    if (config.dockerDataRoot !== undefined && resolve(config.dockerDataRoot) !== resolve(engine.dockerRootDir)) {
+      throw new HostAgentError('data_root_mismatch', `the engine's data root is ${engine.dockerRootDir}, configured ${config.dockerDataRoot} (SANDBOXFLEET_DOCKER_DATA_ROOT)`);
+    }
     if (!existsSync(engine.dockerRootDir)) {
       throw new HostAgentError('data_root_not_visible', `the engine's data root ${engine.dockerRootDir} is not visible to the agent`);
     }

@@ -52,6 +52,12 @@ export const HostAgentConfigSchema = z
     natsUrl: z.string().trim().min(1),
     /** Docker engine socket this agent drives (the host's own dockerd). */
     dockerSocket: z.string().min(1).default('/var/run/docker.sock'),
+    /**
+     * The engine's data root as the operator configured it (the chart mounts it into the agent's
+     * pod at the same path). Optional: when set, an engine reporting another DockerRootDir is refused
+     * at start (a mount of the wrong directory would make every layer look missing).
+     */
+    dockerDataRoot: z.string().regex(/^\/./, 'must be an absolute path').optional(),
     /** Sandbox image reference as deployed (reported in attestation, R-H1). */
     imageRef: z.string().min(1).max(512),
     /** The pinned image id the members are created from; when set, the reference must resolve to it. */
@@ -159,6 +165,7 @@ export function loadHostAgentConfig(env: NodeJS.ProcessEnv = process.env, fallba
     hostId: env.SANDBOXFLEET_HOST_ID,
     natsUrl: env.SANDBOXFLEET_NATS_URL,
     dockerSocket: env.SANDBOXFLEET_DOCKER_SOCKET ?? socketFromDockerHost(env.DOCKER_HOST),
+    dockerDataRoot: env.SANDBOXFLEET_DOCKER_DATA_ROOT,
     imageRef: env.SANDBOXFLEET_IMAGE_REF ?? env.SANDBOXFLEET_IMAGE,
     imageId: env.SANDBOXFLEET_IMAGE && IMAGE_ID_RE.test(env.SANDBOXFLEET_IMAGE) ? env.SANDBOXFLEET_IMAGE : env.SANDBOXFLEET_IMAGE_ID,
     agentSha: env.SANDBOXFLEET_AGENT_SHA || fallbackAgentSha,

@@ -96,6 +96,15 @@ describe('host agent registration (R-H1, R-H2)', () => {
     const reg = responder.registrations.find((r) => r.hostId === 'reg-lying')!;
     expect(reg.attestation!.bridge).toMatchObject({ helperVersion: '3', labelVersion: '4', agree: false, claimedVersion: '' });
   });
+
+  it('refuses to start when the configured data root is not the engine data root (a wrong mount would make every layer look missing)', async () => {
+    const err = await agentOn('reg-wrong-root', good, { dockerDataRoot: '/var/lib/not-this-engine' }).then(() => undefined, (e: unknown) => e);
+    expect(err).toMatchObject({ name: 'HostAgentError', reason: 'data_root_mismatch' });
+    expect(responder.registrations.some((r) => r.hostId === 'reg-wrong-root')).toBe(false);
+    // The same path spelled with a trailing slash is the same directory.
+    await agentOn('reg-right-root', good, { dockerDataRoot: `${host!.dataRoot}/` });
+    expect(responder.registrations.some((r) => r.hostId === 'reg-right-root')).toBe(true);
+  });
 });
 
 /**
