@@ -8,49 +8,31 @@
 // - What a host must not do is refused by the server: another host's command or heartbeat
 //   subject, anyone else's replies, KV state, stream administration, consumers, the event log.
 // - No credentials, or another user's seed for the wrong host, gets nothing at all.
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { PermissionViolationError, type NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AgentSubjects, hostInboxPrefix, hostPermissions } from '../../../src/core/agent-subjects.ts';
+import { AgentSubjects, hostInboxPrefix } from '../../../src/core/agent-subjects.ts';
 import { CONTROL_PLANE_BUCKETS } from '../../../src/control-plane/buckets.ts';
 import { sha256Digest, ChunkStore } from '../../../src/store/chunk-store.ts';
 import { fetchChunksInWorker } from '../../../src/store/chunk-fetch-worker.ts';
 import { WorkerChunkWriter } from '../../../src/store/chunk-publish-worker.ts';
 import { StateStore, connectNats } from '../../../src/store/connection.ts';
-import { NatsCredentialsError, credentialKind, natsAuthConnectOptions, newNkeyUser, workerAuth, type NatsAuthOptions } from '../../../src/store/nats-auth.ts';
-import { startTestNats, type TestNats } from '../../support/nats.ts';
+import { NatsCredentialsError, credentialKind, natsAuthConnectOptions, newNkeyUser, workerAuth } from '../../../src/store/nats-auth.ts';
+import { startNkeyNats, type NkeyNats } from '../../support/nkey-nats.ts';
+import type { TestNats } from '../../support/nats.ts';
 import { SUCCESS, startFleet, type Fleet } from '../control-plane/fleet-harness.ts';
 
 let dir: string;
 let nats: TestNats;
 let cp: NatsConnection;
-const auth: Record<'cp' | 'a' | 'b', NatsAuthOptions> = {} as never;
-
-async function seedFile(name: string, seed: string): Promise<string> {
-  const file = join(dir, `${name}.nk`);
-  await writeFile(file, `${seed}\n`, { mode: 0o600 });
-  return file;
-}
+let auth: NkeyNats['auth'];
+let fixture: NkeyNats | undefined;
 
 beforeAll(async () => {
-  dir = await mkdtemp(join(tmpdir(), 'sf-nats-auth-'));
-  const cpUser = newNkeyUser();
-  const a = newNkeyUser();
-  const b = newNkeyUser();
-  auth.cp = { credsFile: await seedFile('cp', cpUser.seed) };
-  auth.a = { credsFile: await seedFile('host-a', a.seed), inboxPrefix: hostInboxPrefix('host-a') };
-  auth.b = { credsFile: await seedFile('host-b', b.seed), inboxPrefix: hostInboxPrefix('host-b') };
-  nats = await startTestNats({
-    users: [
-      { nkey: cpUser.publicKey },
-      { nkey: a.publicKey, permissions: hostPermissions('host-a') },
-      { nkey: b.publicKey, permissions: hostPermissions('host-b') },
-    ],
-  });
+  fixture = await startNkeyNats('sf-nats-auth-');
+  ({ nats, dir, auth } = fixture);
   cp = await nats.connect('control-plane', auth.cp);
   // The control plane creates every bucket and stream; agents may not.
   await StateStore.open(cp, { buckets: CONTROL_PLANE_BUCKETS });
@@ -58,8 +40,7 @@ beforeAll(async () => {
 }, 60_000);
 
 afterAll(async () => {
-  await nats?.cleanup();
-  if (dir) await rm(dir, { recursive: true, force: true });
+  await fixture?.cleanup();
 });
 
 /** Resolves with the first permission violation the server reports on `nc` (or undefined after `ms`). */
@@ -190,9 +171,9 @@ describe('per-host NATS credentials: what a host may not do', () => {
 
   it('admits nobody without credentials, and reads a credential file strictly', async () => {
     await expect(connectNats({ servers: nats.server.url, name: 'anonymous', maxReconnectAttempts: 0 })).rejects.toThrow(/authorization/i);
-    const stranger = await seedFile('stranger', newNkeyUser().seed);
+    const stranger = await fixture!.seedFile('stranger', newNkeyUser().seed);
     await expect(connectNats({ servers: nats.server.url, name: 'stranger', maxReconnectAttempts: 0, auth: { credsFile: stranger } })).rejects.toThrow(/authorization/i);
-    const garbage = await seedFile('garbage', 'not a seed');
+    const garbage = await fixture!.seedFile('garbage', 'not a seed');
     expect(() => natsAuthConnectOptions({ credsFile: garbage })).toThrow(NatsCredentialsError);
     expect(() => natsAuthConnectOptions({ credsFile: join(dir, 'missing.nk') })).toThrow(/cannot read/);
     expect(credentialKind(`-----BEGIN NATS USER JWT-----\neyJ0\n------END NATS USER JWT------\n`, 'x')).toBe('creds');

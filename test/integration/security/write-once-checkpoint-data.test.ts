@@ -10,57 +10,36 @@
 // - a manifest cannot be replaced, not even by the host that wrote it;
 // - garbage collection (the control plane's purge) still removes a chunk, and a later checkpoint
 //   stores it again.
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { jetstream, jetstreamManager, type JetStreamManager } from '@nats-io/jetstream';
 import { headers, type NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CHECKPOINT_STREAMS, hostInboxPrefix, hostPermissions, manifestSubject } from '../../../src/core/agent-subjects.ts';
+import { CHECKPOINT_STREAMS, manifestSubject } from '../../../src/core/agent-subjects.ts';
 import { serializeCheckpointManifest, type CheckpointManifest, type ChunkRef } from '../../../src/core/checkpoint-manifest.ts';
 import { ChunkStore, ChunkStoreError, sha256Digest } from '../../../src/store/chunk-store.ts';
 import { WorkerChunkWriter } from '../../../src/store/chunk-publish-worker.ts';
 import { fetchChunksInWorker } from '../../../src/store/chunk-fetch-worker.ts';
-import { newNkeyUser, workerAuth, type NatsAuthOptions } from '../../../src/store/nats-auth.ts';
-import { startTestNats, type TestNats } from '../../support/nats.ts';
+import { workerAuth } from '../../../src/store/nats-auth.ts';
+import { startNkeyNats, type NkeyNats } from '../../support/nkey-nats.ts';
+import type { TestNats } from '../../support/nats.ts';
 
-let dir: string;
 let nats: TestNats;
 let cp: NatsConnection;
 let cpStore: ChunkStore;
 let cpm: JetStreamManager;
-const auth: Record<'cp' | 'a' | 'b', NatsAuthOptions> = {} as never;
-
-async function seedFile(name: string, seed: string): Promise<string> {
-  const file = join(dir, `${name}.nk`);
-  await writeFile(file, `${seed}\n`, { mode: 0o600 });
-  return file;
-}
+let auth: NkeyNats['auth'];
+let fixture: NkeyNats | undefined;
 
 beforeAll(async () => {
-  dir = await mkdtemp(join(tmpdir(), 'sf-write-once-'));
-  const cpUser = newNkeyUser();
-  const a = newNkeyUser();
-  const b = newNkeyUser();
-  auth.cp = { credsFile: await seedFile('cp', cpUser.seed) };
-  auth.a = { credsFile: await seedFile('host-a', a.seed), inboxPrefix: hostInboxPrefix('host-a') };
-  auth.b = { credsFile: await seedFile('host-b', b.seed), inboxPrefix: hostInboxPrefix('host-b') };
-  nats = await startTestNats({
-    users: [
-      { nkey: cpUser.publicKey },
-      { nkey: a.publicKey, permissions: hostPermissions('host-a') },
-      { nkey: b.publicKey, permissions: hostPermissions('host-b') },
-    ],
-  });
+  fixture = await startNkeyNats('sf-write-once-');
+  ({ nats, auth } = fixture);
   cp = await nats.connect('control-plane', auth.cp);
   cpStore = await ChunkStore.open(cp); // the control plane creates the streams; agents may not
   cpm = await jetstreamManager(cp);
 }, 60_000);
 
 afterAll(async () => {
-  await nats?.cleanup();
-  if (dir) await rm(dir, { recursive: true, force: true });
+  await fixture?.cleanup();
 });
 
 /** A host's store, on its own credentials only (no stream administration). */
