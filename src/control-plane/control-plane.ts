@@ -5,7 +5,12 @@
 // - leader election, and on the leader only two keyed reconcile queues fed by the read model's
 //   change notifications: hosts (liveness, lease drain, "drained and empty → REMOVED") and groups
 //   (evacuations and migrations, LOST retention), each key requeued at its own next deadline, plus
-//   a slow resync as a safety net and checkpoint GC/refresh every 30 passes.
+//   a slow resync as a safety net and checkpoint GC/refresh every 30 passes (both run beside the
+//   loop: nothing slow sits between two lease renewals; the read model's sync is bounded too).
+// Leader-only work runs only while the lease is known to be held: every renewal arms a deadline at
+// half the lease duration, and if no renewal lands by then (a pass stuck in a slow write, a long
+// pause of this process) the queues stop as if leadership were lost — another replica may lead
+// from the lease's end — and start again from a fresh sync after the next renewal.
 // Exposes the RunnerBackend (for src/api's gRPC runner service) and the operator façade `admin`
 // (admin-ops.ts) for the admin service. cmd/control-plane builds one of these.
 import type { NatsConnection } from '@nats-io/transport-node';
@@ -16,7 +21,7 @@ import type { RemovalSource } from '../core/index.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import type { ChunkStore } from '../store/chunk-store.ts';
-import type { StateStore } from '../store/connection.ts';
+import { DEFAULT_BUCKETS, type StateStore } from '../store/connection.ts';
 import { AdminOps } from './admin-ops.ts';
 import { NatsAgentClient, type AgentPort } from './agent-client.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
@@ -64,6 +69,17 @@ export interface ControlPlaneOptions {
   readonly elector?: Elector;
 }
 
+/**
+ * How long one renewal of the leader lease is trusted here: half the lease's duration (the NATS KV
+ * lease expires by the leadership bucket's TTL; the Kubernetes Lease by its duration), from the
+ * moment the renewal was sent. The other half is margin for clocks, timer lateness and work
+ * already in flight when the deadline passes.
+ */
+export function leaseTrustMs(config: ControlPlaneConfig): number {
+  const leaseMs = config.leaderElection === 'kubernetes-lease' ? config.leaseDurationSeconds * 1000 : DEFAULT_BUCKETS.leadership.ttlMs ?? 15_000;
+  return Math.max(100, Math.floor(leaseMs / 2));
+}
+
 /** Host states whose groups must leave (the controller marks them for evacuation). */
 const GOING_AWAY = new Set<HostRecord['lifecycle']['state']>(['DRAINING', 'DEAD', 'REMOVED']);
 
@@ -95,6 +111,10 @@ export class ControlPlane {
   #running: Promise<void> | undefined;
   #stopped = false;
   #leading = false;
+  /** Until when the last renewal of the leader lease is trusted (leaseTrustMs from its start). */
+  #leaseTrustedUntilMs = 0;
+  #leaseTimer: NodeJS.Timeout | undefined;
+  #collecting: Promise<unknown> | undefined;
   #passes = 0;
   #lastResyncMs = 0;
   /** Parsed manifests' chunk digests, kept across GC passes (manifests are write-once). */
@@ -150,12 +170,15 @@ export class ControlPlane {
       logger.warn({ key, queue, ...describeError(err) }, 'reconcile failed; retried with backoff');
     };
     this.#hostQueue = new KeyedQueue(async (hostId) => {
+      // A run that starts after the lease stopped being trusted does nothing (the queue is stopping).
+      if (!this.#leaseTrusted()) return {};
       opts.metrics.reconciles.inc({ queue: 'hosts', result: 'ok' });
       const next = await this.liveness.reconcileHost(hostId);
       await this.controller.reconcileDrainingHost(hostId);
       return next;
     }, { concurrency: 8, onError: onError('hosts'), now });
     this.#groupQueue = new KeyedQueue(async (groupId) => {
+      if (!this.#leaseTrusted()) return {};
       opts.metrics.reconciles.inc({ queue: 'groups', result: 'ok' });
       return this.controller.reconcileGroup(groupId);
     }, { concurrency: opts.config.migrationParallelism, onError: onError('groups'), now });
@@ -237,20 +260,25 @@ export class ControlPlane {
   }
 
   async #pass(): Promise<void> {
+    const tickStartMs = this.ctx.now();
     const leads = await this.leader.tick();
     if (!leads) {
       if (this.#leading) this.#loseLeadership();
       return;
     }
+    if (this.#stopped) return;
+    this.#trustLease(tickStartMs);
     if (!this.#leading) {
       // A new leader has observed nothing yet (stall guard), and starts from a complete model.
       this.liveness.reset();
       try {
-        await this.fleet.sync();
+        // Bounded: the next renewal must not wait on a read model that does not catch up.
+        await this.fleet.sync({ timeoutMs: Math.max(50, Math.floor(leaseTrustMs(this.opts.config) / 2)) });
       } catch (err) {
         this.ctx.logger.warn(describeError(err), 'read model not caught up; leading from the next pass');
         return;
       }
+      if (!this.#leaseTrusted()) return;
       this.#leading = true;
       this.#hostQueue.start();
       this.#groupQueue.start();
@@ -265,7 +293,26 @@ export class ControlPlane {
       this.#enqueueAll();
     }
     this.#gauges();
-    await this.#periodic();
+    // Not awaited: GC and refreshes run beside the loop, never between two renewals.
+    void this.#periodic();
+  }
+
+  /** A renewal sent at `sentAtMs` succeeded: leader-only work may run until leaseTrustMs after it. */
+  #trustLease(sentAtMs: number): void {
+    const trustMs = leaseTrustMs(this.opts.config);
+    this.#leaseTrustedUntilMs = sentAtMs + trustMs;
+    if (this.#leaseTimer) clearTimeout(this.#leaseTimer);
+    this.#leaseTimer = setTimeout(() => {
+      this.#leaseTimer = undefined;
+      if (!this.#leading || this.#leaseTrusted()) return;
+      this.ctx.logger.warn({ trustMs }, 'leader lease not renewed in time: leader-only work stopped until the next renewal');
+      this.#loseLeadership();
+    }, Math.max(0, this.#leaseTrustedUntilMs - this.ctx.now()));
+    this.#leaseTimer.unref?.();
+  }
+
+  #leaseTrusted(): boolean {
+    return this.ctx.now() < this.#leaseTrustedUntilMs;
   }
 
   #loseLeadership(): void {
@@ -292,20 +339,24 @@ export class ControlPlane {
     metrics.readModelRecords.set({ bucket: 'checkpoints', validity: 'invalid' }, this.fleet.invalidCheckpointCount());
   }
 
-  /** Every 30th pass: checkpoint GC (every tenth of those a full sweep) and idle-checkpoint refreshes. */
+  /**
+   * Every 30th pass: checkpoint GC (every tenth of those a full sweep) and idle-checkpoint refreshes.
+   * Resolves when this call's GC pass has ended (the leader loop does not wait for it).
+   */
   async #periodic(): Promise<void> {
     if (this.#passes++ % 30 !== 0) return;
-    try {
-      // Every tenth pass also sweeps chunks of checkpoints that never wrote a manifest.
-      await collectCheckpoints(this.ctx, this.#manifestDigests, { fullSweep: this.#passes % 300 === 1 });
-    } catch (err) {
-      this.ctx.logger.warn(describeError(err), 'checkpoint GC failed');
-    }
+    // Every tenth pass also sweeps chunks of checkpoints that never wrote a manifest. One GC at a time.
+    const fullSweep = this.#passes % 300 === 1;
+    this.#collecting ??= collectCheckpoints(this.ctx, this.#manifestDigests, { fullSweep })
+      .catch((err: unknown) => this.ctx.logger.warn(describeError(err), 'checkpoint GC failed'))
+      .finally(() => { this.#collecting = undefined; });
+    const collecting = this.#collecting;
     // Refreshes take whole checkpoints (up to an agent command timeout each): they run beside the
     // loop, one batch at a time, so liveness, lease renewal and evacuations never wait for them.
     this.#refreshing ??= refreshCheckpoints(this.ctx, this.#groupOps, () => !this.#stopped && this.leader.isLeader)
       .catch((err: unknown) => this.ctx.logger.warn(describeError(err), 'checkpoint refresh pass failed'))
       .finally(() => { this.#refreshing = undefined; });
+    await collecting;
   }
 
   /**
@@ -370,17 +421,22 @@ export class ControlPlane {
   async stop(): Promise<void> {
     this.#stopped = true;
     if (this.#timer) clearTimeout(this.#timer);
+    if (this.#leaseTimer) clearTimeout(this.#leaseTimer);
     await this.#running?.catch(() => undefined);
+    this.#leading = false;
     this.#hostQueue.stop();
     this.#groupQueue.stop();
     this.idle.close();
     this.spot.stopLeading();
     this.protection.close();
+    // The read model stops feeding the queues first: runs in flight end (a sync they wait on is
+    // rejected), nothing new arrives, and waiting for idle cannot be kept waiting by new changes.
+    this.fleet.stop();
     await this.whenIdle();
     await this.#refreshing;
+    await this.#collecting;
     this.probes.stop();
     await this.registry.stop();
-    this.fleet.stop();
     await this.leader.resign();
   }
 }

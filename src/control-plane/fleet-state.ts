@@ -7,11 +7,17 @@
 // (group-store.ts, host-store.ts), so a decision is never applied on a stale copy.
 //
 // Completeness: each mirrored bucket is a stream; `sync()` reads every stream's last sequence and
-// waits until the watch has applied it, so "the model has seen every write made before this call"
-// is checked against the store, not assumed. A watch that ends (a server gone for good, a consumer
-// deleted) is restarted, and keys it did not see again are dropped (resync). A periodic revision
-// check restarts a watch that stopped advancing while its stream did. Records that fail validation
-// are kept aside as invalid (counted, logged) — never read as "absent".
+// waits (bounded) until the watch has applied it, so "the model has seen every write made before
+// this call" is checked against the store, not assumed. A watch that ends (a server gone for good, a
+// consumer deleted) is restarted; the new watch delivers every key's last message again, a delete
+// marker included, so a key leaves the model only on its own delete marker — never because a
+// restarted watch has not re-delivered it yet (a record seen as deleted would read as a group or host
+// gone, and a host's in-memory heartbeat with it). No mirrored bucket purges markers or ages values
+// out. A periodic check restarts a watch that delivers nothing while its stream moved on. Records
+// that fail validation are kept aside as invalid (counted, logged, invalid groups indexed by the
+// hosts their last valid version named) — never read as "absent". Change listeners are called on a
+// copy of the listener list, each in its own try/catch: one that unsubscribes or throws never keeps
+// the others from hearing a change, and never stops the watch.
 import type { FleetMetrics } from '../observability/metrics.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { KvChange, KvRepository, Versioned } from '../store/kv-repository.ts';
@@ -22,27 +28,47 @@ type Listener<T> = (key: string, before: T | undefined, after: T | undefined) =>
 
 /** How often a watch's progress is checked against its stream (a stuck watch is restarted). */
 const REVISION_CHECK_MS = 30_000;
+/** Default bound of sync(): a caller never waits forever on a watch that stopped. */
+export const DEFAULT_SYNC_TIMEOUT_MS = 30_000;
+
+/** sync() did not see the model catch up within its bound. */
+export class ReadModelBehindError extends Error {
+  constructor(readonly bucket: string, readonly timeoutMs: number) {
+    super(`read model of ${bucket} not caught up within ${timeoutMs} ms`);
+    this.name = 'ReadModelBehindError';
+  }
+}
 
 /**
  * One KV bucket (one stream) mirrored into a Map by a watch. `seen` is the highest revision applied;
  * `sync()` waits until it reaches the stream's last sequence as read at the call.
  */
+interface Waiter {
+  readonly revision: number;
+  readonly resolve: () => void;
+  readonly reject: (e: unknown) => void;
+}
+
 class BucketMirror<T> {
   readonly entries = new Map<string, Versioned<T>>();
   readonly invalid = new Map<string, string>();
   #seen = 0;
-  #waiters: { revision: number; resolve: () => void; reject: (e: unknown) => void }[] = [];
+  #waiters: Waiter[] = [];
   #abort: AbortController | undefined;
   #stopped = false;
   #restarts = 0;
+  /** Changes delivered by the current watch (the stall check's measure of progress). */
+  #delivered = 0;
   #stalledChecks = 0;
-  #lastCheckedSeen = 0;
+  #lastCheckedDelivered = 0;
 
   constructor(
     readonly repo: KvRepository<T>,
     private readonly apply: (key: string, before: Versioned<T> | undefined, after: Versioned<T> | undefined) => void,
     private readonly logger: Logger,
     private readonly project: (value: T) => T,
+    /** Called when `key` becomes invalid (with its last valid value, if any) or stops being invalid. */
+    private readonly invalidChanged: (key: string, invalid: boolean, lastValid: T | undefined) => void = () => undefined,
   ) {}
 
   get seen(): number {
@@ -64,23 +90,44 @@ class BucketMirror<T> {
     for (const w of this.#waiters.splice(0)) w.reject(new Error(`${this.repo.bucket}: read model stopped`));
   }
 
-  /** Resolves once every write made to the bucket before this call has been applied. */
-  async sync(): Promise<void> {
+  /**
+   * Resolves once every write made to the bucket before this call has been applied; rejects with
+   * ReadModelBehindError after `timeoutMs` (the waiter is dropped).
+   */
+  async sync(timeoutMs: number): Promise<void> {
     const target = await this.repo.lastRevision();
     if (this.#seen >= target) return;
-    await new Promise<void>((resolve, reject) => this.#waiters.push({ revision: target, resolve, reject }));
+    await new Promise<void>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
+      const waiter: Waiter = {
+        revision: target,
+        resolve: () => { clearTimeout(timer); resolve(); },
+        reject: (e) => { clearTimeout(timer); reject(e); },
+      };
+      this.#waiters.push(waiter);
+      if (Number.isFinite(timeoutMs)) {
+        timer = setTimeout(() => {
+          this.#waiters = this.#waiters.filter((w) => w !== waiter);
+          reject(new ReadModelBehindError(this.repo.bucket, timeoutMs));
+        }, timeoutMs);
+        timer.unref?.();
+      }
+    });
   }
 
-  /** Restart the watch when the stream moved on and the watch did not, twice in a row. */
+  /**
+   * Restart the watch when the stream is ahead of the model and the watch delivered nothing since
+   * the last check, twice in a row. Progress is what the watch delivers, not the highest revision:
+   * a restarted watch re-delivering a large bucket moves no revision forward while it catches up.
+   */
   async checkProgress(): Promise<number> {
     const last = await this.repo.lastRevision();
     const lag = Math.max(0, last - this.#seen);
-    if (lag > 0 && this.#seen === this.#lastCheckedSeen) this.#stalledChecks += 1;
+    if (lag > 0 && this.#delivered === this.#lastCheckedDelivered) this.#stalledChecks += 1;
     else this.#stalledChecks = 0;
-    this.#lastCheckedSeen = this.#seen;
+    this.#lastCheckedDelivered = this.#delivered;
     if (this.#stalledChecks >= 2) {
       this.logger.warn({ bucket: this.repo.bucket, seen: this.#seen, last }, 'read model watch stopped advancing: restarting it');
-      this.#stalledChecks = 0;
       this.#abort?.abort();
     }
     return lag;
@@ -90,19 +137,15 @@ class BucketMirror<T> {
     while (!this.#stopped) {
       const abort = new AbortController();
       this.#abort = abort;
-      // Keys seen since this watch began: after its initial values, anything else was deleted meanwhile.
-      const present = new Set<string>();
-      let initial = true;
-      let initialTarget: number;
+      // A new watch starts with a clean stall record: its catch-up is judged on its own deliveries.
+      this.#stalledChecks = 0;
+      this.#lastCheckedDelivered = this.#delivered;
       try {
-        // The watch first delivers the last value of every key; the stream's last message is one of
-        // them, so reaching its sequence means the initial values are complete.
-        initialTarget = await this.repo.lastRevision();
-        if (initialTarget === 0) initial = this.#finishInitial(present, this.#restarts > 0);
+        // The watch first delivers the last message of every key (values and delete markers), then
+        // every change. Each is applied as it comes; nothing is inferred from a key not (yet) seen.
         for await (const change of this.repo.watch({ signal: abort.signal })) {
-          present.add(change.key);
+          this.#delivered += 1;
           this.#applyChange(change);
-          if (initial && change.revision >= initialTarget) initial = this.#finishInitial(present, this.#restarts > 0);
         }
       } catch (err) {
         if (!this.#stopped) this.logger.warn({ err, bucket: this.repo.bucket }, 'read model watch failed: restarting it');
@@ -113,35 +156,22 @@ class BucketMirror<T> {
     }
   }
 
-  /** After a restart's initial values: drop keys the new watch did not deliver (deleted while away). */
-  #finishInitial(present: ReadonlySet<string>, resync: boolean): false {
-    if (resync) {
-      for (const key of [...this.entries.keys()]) {
-        if (present.has(key)) continue;
-        const before = this.entries.get(key);
-        this.entries.delete(key);
-        this.apply(key, before, undefined);
-      }
-      for (const key of [...this.invalid.keys()]) if (!present.has(key)) this.invalid.delete(key);
-    }
-    return false;
-  }
-
   #applyChange(change: KvChange<T>): void {
     if (change.revision <= this.#seen && this.entries.get(change.key)?.revision === change.revision) return;
     const before = this.entries.get(change.key);
     if (change.op === 'put') {
       const after = { value: this.project(change.value), revision: change.revision };
       this.entries.set(change.key, after);
-      this.invalid.delete(change.key);
+      if (this.invalid.delete(change.key)) this.invalidChanged(change.key, false, undefined);
       this.apply(change.key, before, after);
     } else {
       this.entries.delete(change.key);
       if (change.op === 'invalid') {
         this.invalid.set(change.key, change.error.message.slice(0, 256));
+        this.invalidChanged(change.key, true, before?.value);
         this.logger.error({ bucket: this.repo.bucket, key: change.key, revision: change.revision, err: change.error.message }, 'invalid record in the store: kept aside, never read as absent');
-      } else {
-        this.invalid.delete(change.key);
+      } else if (this.invalid.delete(change.key)) {
+        this.invalidChanged(change.key, false, undefined);
       }
       if (before !== undefined) this.apply(change.key, before, undefined);
     }
@@ -201,13 +231,20 @@ export class FleetState {
   readonly #hostStates = new Map<string, number>();
   /** Checkpoint keys per group key (checkpoint keys are `<group key>.<checkpoint key>`). */
   readonly #checkpointsByGroup = new Map<string, Set<string>>();
+  /** Invalid group keys per host their last valid version named (placement or migration target). */
+  readonly #invalidGroupsByHost = new Map<string, Set<string>>();
+  /** The hosts each invalid group key is indexed under (empty: never seen valid, host unknown). */
+  readonly #invalidGroupHosts = new Map<string, readonly string[]>();
+  /** Invalid group keys never seen valid: any host may hold them. */
+  readonly #unattributedInvalidGroups = new Set<string>();
   readonly #groupListeners: Listener<GroupRecord>[] = [];
   readonly #hostListeners: Listener<HostRecord>[] = [];
   #timer: NodeJS.Timeout | undefined;
 
   constructor(sources: FleetStateSources, private readonly logger: Logger, private readonly metrics?: FleetMetrics) {
     this.#hosts = new BucketMirror(sources.hosts, (k, b, a) => this.#hostChanged(k, b?.value, a?.value), logger, (h) => h);
-    this.#groups = sources.groups.map((repo) => new BucketMirror(repo, (k, b, a) => this.#groupChanged(k, b?.value, a?.value), logger, projectGroup));
+    this.#groups = sources.groups.map((repo) => new BucketMirror(repo, (k, b, a) => this.#groupChanged(k, b?.value, a?.value), logger, projectGroup,
+      (k, invalid, lastValid) => this.#groupInvalidChanged(k, invalid, lastValid)));
     this.#checkpoints = new BucketMirror(sources.checkpoints, (k, b, a) => this.#checkpointChanged(k, b?.value, a?.value), logger, (c) => c);
   }
 
@@ -220,7 +257,8 @@ export class FleetState {
     for (const m of this.#mirrors()) m.start();
     this.#timer = setInterval(() => void this.#checkProgress(), REVISION_CHECK_MS);
     this.#timer.unref?.();
-    await this.sync();
+    // Starting up waits as long as catching up takes (the replica is not ready before).
+    await this.sync({ timeoutMs: Infinity });
   }
 
   stop(): void {
@@ -228,9 +266,14 @@ export class FleetState {
     for (const m of this.#mirrors()) m.stop();
   }
 
-  /** Resolves once every write made to the mirrored buckets before this call is in the model. */
-  async sync(): Promise<void> {
-    await Promise.all(this.#mirrors().map((m) => m.sync()));
+  /**
+   * Resolves once every write made to the mirrored buckets before this call is in the model; rejects
+   * with ReadModelBehindError when that takes longer than `timeoutMs` (default 30 s), so no caller —
+   * the leader's pass above all — waits forever on a watch that stopped.
+   */
+  async sync(opts: { timeoutMs?: number } = {}): Promise<void> {
+    const timeoutMs = opts.timeoutMs ?? DEFAULT_SYNC_TIMEOUT_MS;
+    await Promise.all(this.#mirrors().map((m) => m.sync(timeoutMs)));
   }
 
   async #checkProgress(): Promise<void> {
@@ -243,6 +286,22 @@ export class FleetState {
   }
 
   // ---- notifications ----------------------------------------------------------------------------
+
+  /**
+   * Call every listener on a copy of the list (one that unsubscribes during the call does not make
+   * the next one skipped), each isolated: a throwing listener is logged and counted, the others
+   * still hear the change, and the watch goes on.
+   */
+  #notify<T>(kind: string, listeners: readonly Listener<T>[], key: string, before: T | undefined, after: T | undefined): void {
+    for (const fn of [...listeners]) {
+      try {
+        fn(key, before, after);
+      } catch (err) {
+        this.metrics?.reconciles.inc({ queue: 'read_model_listener', result: 'error' });
+        this.logger.error({ err, kind, key }, 'read model change listener failed');
+      }
+    }
+  }
 
   /** Call `fn` on every group change; returns the function that stops it. */
   onGroupChange(fn: Listener<GroupRecord>): () => void {
@@ -301,8 +360,10 @@ export class FleetState {
   #hostChanged(key: string, before: HostRecord | undefined, after: HostRecord | undefined): void {
     if (before !== undefined) this.#hostStates.set(before.lifecycle.state, (this.#hostStates.get(before.lifecycle.state) ?? 1) - 1);
     if (after !== undefined) this.#hostStates.set(after.lifecycle.state, (this.#hostStates.get(after.lifecycle.state) ?? 0) + 1);
+    // Only a delete marker gets here with no `after` (a watch restart drops nothing): the host
+    // record is gone, and its heartbeat with it.
     else if (before !== undefined) this.#heartbeats.delete(before.hostId);
-    for (const fn of this.#hostListeners) fn(key, before, after);
+    this.#notify('host', this.#hostListeners, key, before, after);
   }
 
   // ---- groups -----------------------------------------------------------------------------------
@@ -374,7 +435,42 @@ export class FleetState {
     } else {
       this.#withWork.delete(key);
     }
-    for (const fn of this.#groupListeners) fn(key, before, after);
+    this.#notify('group', this.#groupListeners, key, before, after);
+  }
+
+  /** Keys of groups whose stored record fails validation and whose last valid version named `hostId`. */
+  invalidGroupKeysOnHost(hostId: string): ReadonlySet<string> {
+    return this.#invalidGroupsByHost.get(hostId) ?? EMPTY;
+  }
+
+  /** Keys of invalid group records never seen valid here: the host they belong to is unknown. */
+  unattributedInvalidGroupKeys(): ReadonlySet<string> {
+    return this.#unattributedInvalidGroups;
+  }
+
+  #groupInvalidChanged(key: string, invalid: boolean, lastValid: GroupRecord | undefined): void {
+    const previous = this.#invalidGroupHosts.get(key);
+    if (previous !== undefined) {
+      for (const h of previous) {
+        const set = this.#invalidGroupsByHost.get(h);
+        set?.delete(key);
+        if (set?.size === 0) this.#invalidGroupsByHost.delete(h);
+      }
+      this.#unattributedInvalidGroups.delete(key);
+      this.#invalidGroupHosts.delete(key);
+    }
+    if (!invalid) return;
+    // An invalid record replacing another invalid one keeps the attribution of the last valid one.
+    const hosts = lastValid !== undefined
+      ? [lastValid.lifecycle.hostId, ...(lastValid.lifecycle.migration !== undefined ? [lastValid.lifecycle.migration.targetHostId] : [])]
+      : previous ?? [];
+    this.#invalidGroupHosts.set(key, hosts);
+    if (hosts.length === 0) this.#unattributedInvalidGroups.add(key);
+    for (const h of hosts) {
+      let set = this.#invalidGroupsByHost.get(h);
+      if (set === undefined) this.#invalidGroupsByHost.set(h, (set = new Set()));
+      set.add(key);
+    }
   }
 
   // ---- checkpoints ------------------------------------------------------------------------------

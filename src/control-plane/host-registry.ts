@@ -8,7 +8,11 @@
 // heard again, a lease renewal due, a notice not yet applied). Replicas may race on such a write;
 // each is a compare-and-set that re-checks the need inside, so the loser writes nothing. Nomad
 // keeps heartbeat TTLs in memory for the same reason: 1,000 hosts beating every 2 s would otherwise
-// be 500 fsynced writes a second that say nothing new.
+// be 500 fsynced writes a second that say nothing new. A beat of a host's live epoch (as the read
+// model knows it) is recorded as it arrives; only the writes it calls for wait, one host's at a time,
+// and beats arriving meanwhile coalesce into the newest one, so a slow write neither delays liveness
+// nor builds a backlog. A beat the model cannot judge (an epoch it has not seen yet, an unknown or
+// fenced host) takes the same per-host path, with its store check.
 // A heartbeat carries the host's whole inventory (every member container, stopped ones too), which
 // rarely changes between beats; decoding it was most of a heartbeat's cost (bench/scale: 100
 // containers per host, 1,000 hosts every 2 s: ~0.15 ms per heartbeat, ~8% of a core, plus the garbage).
@@ -118,10 +122,19 @@ export async function openLeasePolicies(nc: NatsConnection): Promise<KvRepositor
   return new KvRepository({ kv, bucket: spec.bucket, schema: HostLeasePolicySchema, maxRecordBytes: spec.maxRecordBytes });
 }
 
+/** A heartbeat waiting for its per-host writes; `recorded` when it is already in the read model. */
+interface PendingBeat {
+  readonly beat: Heartbeat;
+  readonly recorded: boolean;
+}
+
 export class HostRegistry {
   readonly #subs: Subscription[] = [];
-  /** Per-host serialisation of the leader's heartbeat-driven writes (ordering by sequence is checked anyway). */
-  readonly #chains = new Map<string, Promise<void>>();
+  /** Per host, the newest heartbeat whose writes have not started (older ones are superseded). */
+  readonly #pendingBeats = new Map<string, PendingBeat>();
+  /** Hosts whose heartbeat writes are being handled (one at a time per host). */
+  readonly #writing = new Set<string>();
+  readonly #writers = new Set<Promise<void>>();
   #leases: Promise<KvRepository<HostLeasePolicy>> | undefined;
   /** Lease policy per host, of the latest epoch seen: immutable per epoch, so a cache is exact. */
   readonly #leaseCache = new Map<string, HostLeasePolicy>();
@@ -176,17 +189,10 @@ export class HostRegistry {
           this.ctx.logger.warn({ err, hostId }, 'undecodable heartbeat dropped');
           continue;
         }
-        // Accepted in memory at once; what the leader writes for it is serialised per host.
-        const prev = this.#chains.get(hostId);
-        const next = (prev ?? Promise.resolve()).then(async () => {
-          try {
-            await this.heartbeat(hostId, beat);
-          } catch (err) {
-            this.ctx.logger.warn({ err, hostId }, 'heartbeat handling failed');
-          }
-        });
-        this.#chains.set(hostId, next);
-        void next.finally(() => { if (this.#chains.get(hostId) === next) this.#chains.delete(hostId); });
+        // A beat of the live epoch is in memory now; what it calls for is written per host, coalesced.
+        const recorded = this.#recordIfLive(hostId, beat);
+        if (recorded === 'stale') continue;
+        this.#queueWrites(hostId, { beat, recorded: recorded === 'accepted' });
       }
     })();
     void (async () => {
@@ -205,7 +211,54 @@ export class HostRegistry {
   async stop(): Promise<void> {
     for (const s of this.#subs) s.unsubscribe();
     this.#subs.length = 0;
-    await Promise.allSettled([...this.#chains.values()]);
+    this.#pendingBeats.clear();
+    await Promise.allSettled([...this.#writers]);
+  }
+
+  /**
+   * Record `hb` in the read model now when the model shows its epoch as the host's live one;
+   * undefined when the model cannot tell (the per-host path checks the store and fences).
+   */
+  #recordIfLive(subjectHostId: string, hb: Heartbeat): 'accepted' | 'stale' | undefined {
+    if (hb.hostId !== subjectHostId) return undefined;
+    const host = this.ctx.fleet.host(Keys.host(subjectHostId))?.value;
+    if (host === undefined || host.lifecycle.epoch !== hb.hostEpoch || host.lifecycle.state === 'DEAD' || host.lifecycle.state === 'REMOVED') return undefined;
+    return this.#record(subjectHostId, hb);
+  }
+
+  #record(subjectHostId: string, hb: Heartbeat): 'accepted' | 'stale' {
+    const record: HeartbeatRecord = {
+      hostId: hb.hostId, epoch: hb.hostEpoch, sequence: hb.sequence, receivedAtMs: this.ctx.now(),
+      usedMembers: hb.capacity?.usedMembers ?? 0, maxMembers: hb.capacity?.maxMembers ?? 0, containers: this.#snapshots(subjectHostId, hb),
+    };
+    return this.ctx.fleet.recordHeartbeat(record);
+  }
+
+  /** Hand `pending` to the host's writer: the newest pending beat replaces an older one not started yet. */
+  #queueWrites(hostId: string, pending: PendingBeat): void {
+    this.#pendingBeats.set(hostId, pending);
+    if (this.#writing.has(hostId)) return;
+    this.#writing.add(hostId);
+    const writer = this.#writeBeats(hostId);
+    this.#writers.add(writer);
+    void writer.finally(() => this.#writers.delete(writer));
+  }
+
+  async #writeBeats(hostId: string): Promise<void> {
+    try {
+      for (let p = this.#pendingBeats.get(hostId); p !== undefined; p = this.#pendingBeats.get(hostId)) {
+        this.#pendingBeats.delete(hostId);
+        try {
+          if (p.recorded) await this.#afterAccepted(hostId, p.beat);
+          else await this.heartbeat(hostId, p.beat);
+        } catch (err) {
+          this.ctx.logger.warn({ err, hostId }, 'heartbeat handling failed');
+        }
+      }
+    } finally {
+      // No await between the last look at #pendingBeats and this: a beat queued later starts a writer.
+      this.#writing.delete(hostId);
+    }
   }
 
   /** R-H1, R-H2, R-H4, R-H6: a (re)registration always gets a new epoch. */
@@ -410,14 +463,23 @@ export class HostRegistry {
       await this.#fenced(hb.hostId, hb.hostEpoch, fence.host, 'heartbeat');
       return 'fenced';
     }
-    const host = fence.host;
+    if (this.#record(subjectHostId, hb) === 'stale') return 'stale';
+    await this.#writesFor(fence.host, hb);
+    return 'accepted';
+  }
+
+  /** The writes of a beat recorded on arrival, against the host's record as the model holds it now. */
+  async #afterAccepted(hostId: string, hb: Heartbeat): Promise<void> {
+    const fence = await this.#fence(hostId, hb.hostEpoch);
+    // Re-registered or declared dead since: that beat's epoch calls for nothing any more.
+    if (!fence.ok) return;
+    await this.#writesFor(fence.host, hb);
+  }
+
+  /** What an accepted beat changes: SUSPECT → READY, a lease renewal when due, a notice not applied yet. */
+  async #writesFor(host: HostRecord, hb: Heartbeat): Promise<void> {
+    const { ctx } = this;
     const now = ctx.now();
-    const containers = this.#snapshots(subjectHostId, hb);
-    const record: HeartbeatRecord = {
-      hostId: hb.hostId, epoch: hb.hostEpoch, sequence: hb.sequence, receivedAtMs: now,
-      usedMembers: hb.capacity?.usedMembers ?? 0, maxMembers: hb.capacity?.maxMembers ?? 0, containers,
-    };
-    if (ctx.fleet.recordHeartbeat(record) === 'stale') return 'stale';
     const epoch = hb.hostEpoch;
     if (host.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx.hosts, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
     await this.#renew(host, epoch, now);
@@ -429,7 +491,6 @@ export class HostRegistry {
       const next = transitionHost(host.lifecycle, event);
       if (next.ok && JSON.stringify(next.value) !== JSON.stringify(host.lifecycle)) await applyHostEvent(ctx.hosts, hb.hostId, event, why, epoch);
     }
-    return 'accepted';
   }
 
   /**

@@ -91,16 +91,29 @@ export class MigrationController {
     }
   }
 
-  /** A draining host that holds nothing any more is removed for this epoch (R-H5). */
+  /**
+   * A draining host that holds nothing any more is removed for this epoch (R-H5). A group whose
+   * record fails validation counts as held by the hosts its last valid version named, and one never
+   * seen valid by every draining host (nothing proves it is not there): never REMOVED on absence.
+   */
   async reconcileDrainingHost(hostId: string): Promise<void> {
     const h = this.ctx.fleet.host(Keys.host(hostId))?.value;
     if (h === undefined || h.lifecycle.state !== 'DRAINING') return;
-    if (this.ctx.fleet.groupKeysOnHost(hostId).size > 0) return;
+    if (this.#holdsAny(hostId)) return;
     // The read model may lag a group that has just been placed here: confirm from the store.
     await this.ctx.fleet.sync();
-    if (this.ctx.fleet.groupKeysOnHost(hostId).size > 0) return;
+    if (this.#holdsAny(hostId)) return;
     await applyHostEvent(this.ctx.hosts, hostId, { type: 'removed' }, `drained (${h.lifecycle.goingAway ?? 'drain'})`, h.lifecycle.epoch,
       (current) => current.lifecycle.state === 'DRAINING');
+  }
+
+  #holdsAny(hostId: string): boolean {
+    const { fleet } = this.ctx;
+    if (fleet.groupKeysOnHost(hostId).size > 0) return true;
+    const invalid = [...fleet.invalidGroupKeysOnHost(hostId), ...fleet.unattributedInvalidGroupKeys()];
+    if (invalid.length === 0) return false;
+    this.ctx.logger.warn({ hostId, invalidGroupKeys: invalid.slice(0, 8), count: invalid.length }, 'drained host kept: group records that fail validation may be on it (fix or destroy them)');
+    return true;
   }
 
   /** Advance one group by one step. */
