@@ -1,6 +1,7 @@
 // Control-plane configuration: one zod schema, parsed once by loadControlPlaneConfig() from cmd/,
 // never at import time. Each field says why it exists.
 import { z } from 'zod';
+import { CODEX_KEEP_REFUSED } from '../core/turn-command.ts';
 
 const port = z.coerce.number().int().min(0).max(65_535);
 const durationMs = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
@@ -117,12 +118,14 @@ export const ControlPlaneConfigSchema = z.object({
    * member container, extra environment (e.g. the model gateway's base URL), fixed arguments, and
    * whether its process is kept between turns (keepProcess, default true: LIVE turns; false: one
    * process per turn, RESTORED every turn after the first, no idle CLI holding memory).
+   * Codex runs one `codex exec` process per turn: its keepProcess: true is refused.
    * JSON in SANDBOXFLEET_CLI_PROFILES, e.g. {"claude_code":{"binary":"/opt/claude/claude","env":{}}}.
    */
   cliProfiles: z.preprocess(parseJsonEnv, z.object({
     claude_code: cliProfile.optional(),
     pi: cliProfile.optional(),
-  }).strict()).default({ claude_code: { binary: 'claude', env: {} }, pi: { binary: 'pi', env: {} } }),
+    codex: cliProfile.refine((p) => p.keepProcess !== true, { message: CODEX_KEEP_REFUSED, path: ['keepProcess'] }).optional(),
+  }).strict()).default({ claude_code: { binary: 'claude', env: {} }, pi: { binary: 'pi', env: {} }, codex: { binary: 'codex', env: {} } }),
   /**
    * The longest a turn run by the fleet (RunTurn) may stay in flight: past it, a turn whose driver
    * went away (its replica restarted) is completed as not ended instead of blocking the member.

@@ -24,6 +24,11 @@
 // MAX_LINE_BYTES), and the hand-off to the caller is bounded in bytes, so a slow caller slows the
 // CLI and at most one window (which holds one whole line) is ever held here.
 //
+// One process per turn: Codex always (`codex exec --json`, resumed with `codex exec resume`; its
+// end read by the SDK's `codex exec` detector, its prompt written to stdin, which is then closed),
+// Claude Code and Pi when the CLI profile says keepProcess: false. The process exits at its turn's
+// end, so every turn after the first is RESTORED.
+//
 // Turn processes (R-S1 LIVE): Claude Code and Pi are kept running between turns (unless the CLI
 // profile says keepProcess: false). A NEW or RESTORED turn starts the member's turn process on the
 // agent (`claude -p --input-format stream-json …`, `pi --mode rpc`, resuming the saved locator) and
@@ -38,6 +43,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import { IdentityRefused, NotFound, PreconditionFailed, buildTurnCommand, buildTurnProcessCommand, isFleetError, isTurnProcess, keepsTurnProcess, turnInput, turnProcessIn, Unavailable, type CliKind, type CliProfile, type ProcessIdentity } from '../core/index.ts';
 import type { ExecExitView, ExecSession, ExecStartInput, RunTurnEndView, RunTurnEvent, RunTurnInput } from '../core/exec-port.ts';
 import type { BeginTurnInput, BeginTurnView, CompleteTurnInput, CompleteTurnView, RunnerBackend, TurnEvidenceInput } from '../core/runner-port.ts';
+import { createCodexExecDetector } from '../runner-sdk/detectors/codex-exec.ts';
 import { createDetector } from '../runner-sdk/detectors/factory.ts';
 import type { TurnEndDetector } from '../runner-sdk/detectors/detector.ts';
 import type { CliKind as SdkCliKind, TurnEndEvidence } from '../runner-sdk/evidence.ts';
@@ -77,7 +83,7 @@ export interface TurnBackend extends RunnerBackend {
 
 /** How one turn is run: its own CLI process, or on the member's turn process. */
 type TurnPlan =
-  | { readonly kind: 'per_turn'; readonly command: { argv: string[]; env: Record<string, string> } }
+  | { readonly kind: 'per_turn'; readonly command: { argv: string[]; env: Record<string, string> }; readonly input: Buffer | undefined }
   | { readonly kind: 'turn_process'; readonly command: { argv: string[]; env: Record<string, string> }; readonly digest: string; readonly input: Buffer };
 
 /**
@@ -324,13 +330,16 @@ export class TurnRunner {
     const g = (await this.deps.groups.require(input.groupId)).value;
     const cli = g.members.find((m) => m.session.memberId === input.memberId)?.session.cli;
     if (cli === undefined) throw new NotFound('member_not_found', `member ${input.memberId} not in group ${input.groupId}`, { details: { groupId: input.groupId, memberId: input.memberId } });
-    const profile: CliProfile | undefined = cli === 'claude_code' || cli === 'pi' ? this.deps.config.cliProfiles[cli] : undefined;
+    const profile: CliProfile | undefined = cli === 'claude_code' || cli === 'pi' || cli === 'codex' ? this.deps.config.cliProfiles[cli] : undefined;
     if (profile === undefined || SDK_CLI[cli] === undefined) {
       throw new PreconditionFailed('cli_unsupported', `the fleet has no way to run ${cli} turns (no CLI profile; OpenCode/Kilo need the live bridge): drive it with Exec`, { details: { cli } });
     }
     const keep = keepsTurnProcess(cli, profile);
     const plan = (locator: string | undefined, turnId: string): TurnPlan => {
-      if (!keep) return { kind: 'per_turn', command: buildTurnCommand(cli, profile, { prompt: input.prompt, locator, model: input.model }) };
+      if (!keep) {
+        const command = buildTurnCommand(cli, profile, { prompt: input.prompt, locator, model: input.model });
+        return { kind: 'per_turn', command, input: command.stdin !== undefined ? Buffer.from(command.stdin) : undefined };
+      }
       const started = buildTurnProcessCommand(cli, profile, { locator, model: input.model });
       const digest = createHash('sha256').update(started.identity).digest('base64url').slice(0, 32);
       return { kind: 'turn_process', command: started, digest, input: Buffer.from(turnInput(cli, input.prompt, turnId)) };
@@ -478,7 +487,7 @@ export class TurnRunner {
     try {
       session = await this.relay.exec({
         groupId: input.groupId, memberId: input.memberId, argv: plan.command.argv, env: Object.entries(plan.command.env).map(([name, value]) => ({ name, value })),
-        workingDir: '', stdin: plan.kind === 'turn_process', timeoutMs, outputLimitBytes: 0, expectedGeneration: begun.generation, cancelGraceMs: 0,
+        workingDir: '', stdin: plan.input !== undefined, timeoutMs, outputLimitBytes: 0, expectedGeneration: begun.generation, cancelGraceMs: 0,
         outputWindowBytes: TURN_WINDOW_BYTES, recordsActivity: false,
         ...(onProcess !== undefined ? { turnProcess: onProcess } : {}),
       }, abort);
@@ -488,7 +497,10 @@ export class TurnRunner {
     if (plan.kind === 'turn_process' && session.started.processId !== undefined) {
       turnProcess = turnProcessIn({ containerId: session.started.containerId, incarnation: session.started.incarnation }, session.started.processId);
     }
-    const detector: TurnEndDetector = createDetector(SDK_CLI[cli]!, begun.locator !== undefined && begun.locator !== '' ? { expectedLocator: begun.locator } : {});
+    const expected = begun.locator !== undefined && begun.locator !== '' ? { expectedLocator: begun.locator } : {};
+    // Codex runs as `codex exec --json` (one turn per process), not as the app-server the SDK's
+    // default Codex detector reads.
+    const detector: TurnEndDetector = cli === 'codex' ? createCodexExecDetector(expected) : createDetector(SDK_CLI[cli]!, expected);
     const lines = new LineSplitter();
     const onLine = (line: Buffer): void => {
       try {
@@ -497,8 +509,10 @@ export class TurnRunner {
         detector.observe(undefined);
       }
     };
-    // The turn's input (turn processes): written as the agent grants stdin credit.
-    const pending = plan.kind === 'turn_process' ? plan.input : Buffer.alloc(0);
+    // The turn's input (a turn process's turn, Codex's prompt): written as the agent grants stdin
+    // credit. A process per turn reads its input to its end: stdin is closed once it is written.
+    const pending = plan.input ?? Buffer.alloc(0);
+    let stdinOpen = plan.input !== undefined;
     let written = 0;
     let credit = 0;
     let ended = false;
@@ -525,6 +539,10 @@ export class TurnRunner {
             session.writeStdin(pending.subarray(written, written + n));
             written += n;
             credit -= n;
+          }
+          if (plan.kind === 'per_turn' && stdinOpen && written === pending.length) {
+            stdinOpen = false;
+            session.closeStdin();
           }
         } else if (e.kind === 'exit') {
           exit = e.exit;

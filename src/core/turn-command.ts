@@ -1,17 +1,24 @@
 // The command line of native turns, built by the fleet from a typed request (R-I9): the runner
 // names a prompt, maybe a model, and the member's saved locator is resumed; it never passes raw
 // flags, so it cannot switch a CLI into another mode, point it at another session or run another
-// binary. Two forms per CLI, each verified against the pinned CLI:
+// binary. What RunTurn runs, per CLI, each form verified against the pinned CLI:
 // - one process per turn: Claude Code `-p … --output-format stream-json --verbose [--resume]`,
-//   Pi `--mode json -p [--session]`;
-// - a turn process kept between turns (R-S1 LIVE): Claude Code `-p --input-format stream-json
-//   --output-format stream-json --verbose [--resume]` takes one user message per JSON line on stdin
-//   and answers each with its own `system/init` … `result` (2.1.220: two messages, one process, the
-//   second request carries the first exchange once); Pi `--mode rpc [--session]` takes `get_state`
-//   (its answer names the session) and `prompt` commands, one `agent_end` per prompt (0.73.1).
-//   Codex's `app-server` also takes several turns in one process (codex-app-server.test.ts), but over
-//   a JSON-RPC handshake (initialize, thread/start or thread/resume, then turn/start by thread id)
-//   the fleet does not drive: Codex turns are not run by the fleet.
+//   Pi `--mode json -p [--session]`, Codex `exec --json` (NEW) and `exec resume --json -- <thread>`
+//   (a saved locator), the prompt read from stdin (`-`; 0.171.0 sends it byte for byte), so no
+//   prompt can become a flag or the `resume` subcommand and a long prompt is not bound by the
+//   kernel's 128 KiB limit on one argument; `--skip-git-repo-check`: a member's working directory
+//   need not be a git repository;
+// - a turn process kept between turns (R-S1 LIVE; Claude Code and Pi only): Claude Code `-p
+//   --input-format stream-json --output-format stream-json --verbose [--resume]` takes one user
+//   message per JSON line on stdin and answers each with its own `system/init` … `result` (2.1.220:
+//   two messages, one process, the second request carries the first exchange once); Pi `--mode rpc
+//   [--session]` takes `get_state` (its answer names the session) and `prompt` commands, one
+//   `agent_end` per prompt (0.73.1).
+// Codex is run one process per turn only: its `app-server` also takes several turns in one process
+// (codex-app-server.test.ts), but over a JSON-RPC handshake (initialize, thread/start or
+// thread/resume, then turn/start by thread id) the fleet does not drive, so a Codex profile asking
+// for keepProcess: true is refused `cli_unsupported`. OpenCode and Kilo need the live bridge
+// (R-S7): refused `cli_unsupported`.
 // Pure: the binary and its environment come from the operator's CLI profile.
 import { InvalidArgument, PreconditionFailed } from './errors.ts';
 import type { CliKind } from './turn-end-evidence.ts';
@@ -22,12 +29,16 @@ export interface CliProfile {
   readonly binary: string;
   /** Extra environment (e.g. the model gateway's base URL); values are the operator's. */
   readonly env: Readonly<Record<string, string>>;
-  /** Extra fixed arguments the operator adds (e.g. Pi's provider), placed before the prompt flags. */
+  /**
+   * Extra fixed arguments the operator adds (e.g. Pi's provider), placed right after the binary,
+   * before the fleet's flags. Codex: options of `codex` itself, before `exec` (e.g. `-c key=value`),
+   * so a new and a resumed turn take them alike.
+   */
   readonly args?: readonly string[];
   /**
    * Keep the CLI running between turns (a turn process, LIVE next turn); default true for the CLIs
    * that can (TURN_PROCESS_CLIS). False: one process per turn (less memory held by idle members;
-   * every turn after the first is RESTORED).
+   * every turn after the first is RESTORED). Codex always runs one process per turn: true is refused.
    */
   readonly keepProcess?: boolean;
 }
@@ -44,7 +55,10 @@ export const MAX_PROMPT_BYTES = 256 * 1024;
 const MODEL = /^[A-Za-z0-9._:/-]{1,128}$/;
 
 /** CLIs whose turns the fleet can run itself (OpenCode and Kilo need the live bridge, R-S7). */
-export const RUNNABLE_CLIS: readonly CliKind[] = ['claude_code', 'pi'];
+export const RUNNABLE_CLIS: readonly CliKind[] = ['claude_code', 'pi', 'codex'];
+
+/** Why a Codex profile may not ask to keep its process (see the header). */
+export const CODEX_KEEP_REFUSED = 'the fleet runs Codex one `codex exec` process per turn; its persistent form (the app-server\'s JSON-RPC) is not driven by the fleet: leave keepProcess out of the codex profile (or set it false)';
 
 /** CLIs the fleet can keep running between turns (see the header). */
 export const TURN_PROCESS_CLIS: readonly CliKind[] = ['claude_code', 'pi'];
@@ -61,8 +75,16 @@ export function checkTurnRequest(input: TurnCommandInput): void {
   if (input.model !== '' && !MODEL.test(input.model)) throw new InvalidArgument('invalid_characters', 'model must be 1..128 of A-Za-z0-9._:/-', { details: { field: 'model' } });
 }
 
+/** One turn's process: its argv and env, and what to write to its stdin (then closed), if anything. */
+export interface TurnCommand {
+  readonly argv: string[];
+  readonly env: Record<string, string>;
+  /** The prompt, for a CLI that reads it from stdin (Codex); undefined: stdin is not attached. */
+  readonly stdin?: string;
+}
+
 /** The argv and env of one turn of `cli`, exactly as the pinned CLI takes them. */
-export function buildTurnCommand(cli: CliKind, profile: CliProfile, input: TurnCommandInput): { argv: string[]; env: Record<string, string> } {
+export function buildTurnCommand(cli: CliKind, profile: CliProfile, input: TurnCommandInput): TurnCommand {
   checkTurnRequest(input);
   const fixed = [...(profile.args ?? [])];
   const model = input.model !== '' ? ['--model', input.model] : [];
@@ -77,6 +99,18 @@ export function buildTurnCommand(cli: CliKind, profile: CliProfile, input: TurnC
       return {
         argv: [profile.binary, ...fixed, '--mode', 'json', '-p', ...model, ...(input.locator !== undefined ? ['--session', input.locator] : []), '--', input.prompt],
         env: { ...profile.env },
+      };
+    case 'codex':
+      if (profile.keepProcess === true) throw new PreconditionFailed('cli_unsupported', CODEX_KEEP_REFUSED, { details: { cli } });
+      // `--` before the thread id: nothing after it is read as an option (a locator never starts
+      // with "-" anyway, core ids.ts). `-`: the prompt is read from stdin, to its end.
+      return {
+        argv: [
+          profile.binary, ...fixed, 'exec', ...(input.locator !== undefined ? ['resume'] : []), '--json', '--skip-git-repo-check', ...model,
+          ...(input.locator !== undefined ? ['--', input.locator] : []), '-',
+        ],
+        env: { ...profile.env },
+        stdin: input.prompt,
       };
     default:
       throw new PreconditionFailed('cli_unsupported', `the fleet cannot run ${cli} turns itself (drive it with Exec and the SDK's detector)`, { details: { cli } });
@@ -117,6 +151,8 @@ export function buildTurnProcessCommand(cli: CliKind, profile: CliProfile, input
       base = [profile.binary, ...fixed, '--mode', 'rpc', ...model];
       resume = input.locator !== undefined ? ['--session', input.locator] : [];
       break;
+    case 'codex':
+      throw new PreconditionFailed('cli_unsupported', CODEX_KEEP_REFUSED, { details: { cli } });
     default:
       throw new PreconditionFailed('cli_unsupported', `the fleet cannot keep ${cli} running between turns`, { details: { cli } });
   }

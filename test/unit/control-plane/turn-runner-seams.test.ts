@@ -10,7 +10,11 @@
 // - a repeat completes a turn whose driver's lease lapsed at once, stops waiting when its own caller
 //   leaves, and the turn's deadline is capped at the fleet's longest turn;
 // - memory: output is credited to the host only for complete lines the caller took, and a caller
-//   that does not read stops the drive after about a window's worth of events.
+//   that does not read stops the drive after about a window's worth of events;
+// - Codex, one `codex exec --json` process per turn: the prompt goes to stdin as the host grants
+//   credit and stdin is closed only once all of it is written; the end is read by the `codex exec`
+//   detector (not the app-server's); a profile asking to keep Codex running is refused before any
+//   begin. The real Codex does the same in test/integration/cli-history/codex-run-turn.test.ts.
 import { describe, expect, it } from 'vitest';
 import type { ExecRelay } from '../../../src/control-plane/exec-relay.ts';
 import { encodeTurnFlags, type GroupRecord, type MemberRecord } from '../../../src/control-plane/records.ts';
@@ -36,6 +40,9 @@ class ScriptedSession implements ExecSession {
   readonly started = { execId: 'x-test-0001', hostId: 'host-a', hostEpoch: 1, generation: 1, containerId: 'c'.repeat(64), incarnation: '1000' };
   consumedBytes = 0;
   pulled = 0;
+  /** What the drive wrote to stdin, frame by frame, and whether it closed stdin. */
+  readonly stdinFrames: string[] = [];
+  stdinClosed = false;
   readonly #queue: ExecEvent[] = [];
   #wake: (() => void) | undefined;
 
@@ -43,8 +50,13 @@ class ScriptedSession implements ExecSession {
     this.#push({ kind: 'output', stream: 'stdout', data: Buffer.isBuffer(text) ? text : Buffer.from(text) });
   }
 
-  exit(): void {
-    this.#push({ kind: 'exit', exit: { end: 'exited', exitCode: 0, stdoutBytes: 0, stderrBytes: 0, durationMs: 1 } });
+  exit(exitCode = 0): void {
+    this.#push({ kind: 'exit', exit: { end: 'exited', exitCode, stdoutBytes: 0, stderrBytes: 0, durationMs: 1 } });
+  }
+
+  /** The host grants `bytes` of stdin credit. */
+  credit(bytes: number): void {
+    this.#push({ kind: 'stdin_credit', bytes });
   }
 
   /** A whole turn of Claude's: init, result, exit. */
@@ -77,8 +89,13 @@ class ScriptedSession implements ExecSession {
     this.consumedBytes += bytes;
   }
 
-  writeStdin(): void {}
-  closeStdin(): void {}
+  writeStdin(bytes: Uint8Array): void {
+    this.stdinFrames.push(Buffer.from(bytes).toString('utf8'));
+  }
+
+  closeStdin(): void {
+    this.stdinClosed = true;
+  }
   cancel(): void {}
   abandon(): void {}
   detach(): void {}
@@ -168,12 +185,12 @@ class FakeBackend {
   }
 }
 
-function setUp(): { backend: FakeBackend; relay: ScriptedRelay; turns: TurnRunner } {
+function setUp(cliProfiles: Record<string, unknown> = { claude_code: { binary: '/usr/local/bin/claude', env: {}, keepProcess: false } }): { backend: FakeBackend; relay: ScriptedRelay; turns: TurnRunner } {
   const backend = new FakeBackend();
   const relay = new ScriptedRelay();
   const quiet = { warn: () => undefined, info: () => undefined, debug: () => undefined, error: () => undefined };
   const deps = {
-    config: { cliProfiles: { claude_code: { binary: '/usr/local/bin/claude', env: {}, keepProcess: false } }, runTurnMaxMs: MAX_MS },
+    config: { cliProfiles, runTurnMaxMs: MAX_MS },
     groups: backend.groups,
     metrics: { runTurns: { inc: () => undefined } },
     logger: quiet,
@@ -331,5 +348,66 @@ describe('RunTurn over a fake runner backend and a scripted exec relay (seams)',
     for (let r = await it.next(); r.done !== true; r = await it.next()) rest.push(r.value);
     expect(rest.filter((e) => e.kind === 'cli_event')).toHaveLength(9);
     expect(endOf(rest)?.evidence).toMatchObject({ nativeTurnEnded: true });
+  });
+
+  describe('Codex: one `codex exec --json` process per turn', () => {
+    const THREAD = '01a23312-7f7b-7421-852d-0a55b8a2905d';
+    const line = (e: unknown): string => `${JSON.stringify(e)}\n`;
+    const codexSetUp = (profile: Record<string, unknown> = { binary: '/usr/local/bin/codex', env: { HOME: '/root' } }) => {
+      const t = setUp({ codex: profile });
+      t.backend.member = { session: { memberId: 'claude', cli: 'codex', phase: 'FRESH', completedTurns: 0 } };
+      t.relay.hold = true;
+      return t;
+    };
+
+    it('writes the prompt to stdin as credit comes, closes stdin once it is all written, and ends on turn.completed', async () => {
+      const { backend, relay, turns } = codexSetUp();
+      const call = consume(turns.runTurn(request('k-c1', { prompt: 'resume --last' }), new AbortController().signal));
+      while (relay.sessions.length === 0) await tick();
+      expect(relay.starts[0]).toMatchObject({ argv: ['/usr/local/bin/codex', 'exec', '--json', '--skip-git-repo-check', '-'], stdin: true });
+      const s = relay.sessions[0]!;
+      s.credit(4);
+      await tick();
+      expect([s.stdinFrames, s.stdinClosed]).toEqual([['resu'], false]);
+      s.credit(1_000);
+      await tick();
+      expect([s.stdinFrames, s.stdinClosed]).toEqual([['resu', 'me --last'], true]);
+      s.stdout(line({ type: 'thread.started', thread_id: THREAD }));
+      s.stdout(line({ type: 'turn.started' }));
+      s.stdout(line({ type: 'item.completed', item: { id: 'item_1', type: 'agent_message', text: 'ack' } }));
+      s.stdout(line({ type: 'turn.completed', usage: { input_tokens: 10, output_tokens: 5 } }));
+      s.exit();
+      const end = endOf(await within(5_000, call, 'the Codex turn'));
+      expect(end).toMatchObject({ observedLocator: THREAD, evidence: { kind: 'turn_completed', nativeTurnEnded: true, succeeded: true, processExited: true, exitConfirmed: true, exitCode: 0 } });
+      expect(backend.completions[0]!.input).toMatchObject({ observedLocator: THREAD, evidence: { nativeTurnEnded: true, succeeded: true } });
+    });
+
+    it('a turn.failed is a failed native end; stdout that is not Codex\'s end (an app-server turn/completed) is not one', async () => {
+      const { relay, turns } = codexSetUp();
+      const failed = consume(turns.runTurn(request('k-c2'), new AbortController().signal));
+      while (relay.sessions.length === 0) await tick();
+      const s = relay.sessions[0]!;
+      s.credit(1_000);
+      s.stdout(line({ type: 'thread.started', thread_id: THREAD }));
+      s.stdout(line({ type: 'turn.failed', error: { message: 'model unavailable' } }));
+      s.exit(1);
+      expect(endOf(await within(5_000, failed, 'the failed turn'))?.evidence).toMatchObject({ nativeTurnEnded: true, succeeded: false, exitCode: 1, errorMessage: 'model unavailable' });
+
+      const other = codexSetUp();
+      const notCodex = consume(other.turns.runTurn(request('k-c3'), new AbortController().signal));
+      while (other.relay.sessions.length === 0) await tick();
+      const s2 = other.relay.sessions[0]!;
+      s2.stdout(line({ method: 'turn/completed', params: { threadId: THREAD, turn: { id: 'turn-1', status: 'completed' } } }));
+      s2.exit();
+      expect(endOf(await within(5_000, notCodex, 'the turn without an end'))?.evidence).toMatchObject({ nativeTurnEnded: false });
+    });
+
+    it('a Codex profile asking to keep the process is refused cli_unsupported before any begin', async () => {
+      const { backend, relay, turns } = codexSetUp({ binary: 'codex', env: {}, keepProcess: true });
+      const refused = await consume(turns.runTurn(request('k-c4'), new AbortController().signal)).then(() => undefined, (e: unknown) => e);
+      expect(refused).toMatchObject({ reason: 'cli_unsupported', message: expect.stringContaining('one `codex exec` process per turn') });
+      expect(backend.answers.size).toBe(0);
+      expect(relay.starts).toHaveLength(0);
+    });
   });
 });

@@ -1,9 +1,11 @@
 // The command lines the fleet builds for native turns (R-I9): one process per turn, and the turn
 // process kept between turns with the input each turn writes to it. Built from a typed request only:
-// a prompt can never become a flag, another mode or another session; the kept process's identity
-// leaves out the resumed locator (a RESTORED process is started the same way) but not the model.
+// a prompt can never become a flag, another mode or another session (Codex: the prompt goes to
+// stdin, never into argv, so it cannot become the `resume` subcommand either); the kept process's
+// identity leaves out the resumed locator (a RESTORED process is started the same way) but not the
+// model. Codex runs one process per turn only.
 import { describe, expect, it } from 'vitest';
-import { buildTurnCommand, buildTurnProcessCommand, keepsTurnProcess, turnInput, type CliProfile } from '../../../src/core/index.ts';
+import { RUNNABLE_CLIS, buildTurnCommand, buildTurnProcessCommand, keepsTurnProcess, turnInput, type CliProfile } from '../../../src/core/index.ts';
 
 const profile: CliProfile = { binary: '/usr/local/bin/claude', env: { ANTHROPIC_BASE_URL: 'http://127.0.0.1:1' } };
 const LOC = '11111111-2222-4333-8444-555555555555';
@@ -12,6 +14,42 @@ describe('one process per turn', () => {
   it('puts the prompt after `--`, so a prompt that looks like a flag stays a prompt', () => {
     expect(buildTurnCommand('claude_code', profile, { prompt: '--resume x', locator: LOC, model: '' }).argv).toEqual(['/usr/local/bin/claude', '-p', '--output-format', 'stream-json', '--verbose', '--resume', LOC, '--', '--resume x']);
     expect(buildTurnCommand('pi', { binary: 'pi', env: {}, args: ['--provider', 'fake'] }, { prompt: 'hi', locator: undefined, model: 'm-1' }).argv).toEqual(['pi', '--provider', 'fake', '--mode', 'json', '-p', '--model', 'm-1', '--', 'hi']);
+  });
+});
+
+describe('Codex, one `codex exec --json` process per turn', () => {
+  const codex: CliProfile = { binary: '/usr/local/bin/codex', env: { HOME: '/root' }, args: ['-c', 'model_provider="fake"'] };
+
+  it('starts a NEW thread with `exec --json`, the operator\'s options before `exec`, the prompt on stdin', () => {
+    expect(buildTurnCommand('codex', codex, { prompt: 'resume', locator: undefined, model: '' })).toEqual({
+      argv: ['/usr/local/bin/codex', '-c', 'model_provider="fake"', 'exec', '--json', '--skip-git-repo-check', '-'],
+      env: { HOME: '/root' },
+      stdin: 'resume',
+    });
+  });
+
+  it('resumes the saved thread with `exec resume`, the thread id after `--`; a prompt that looks like a flag stays on stdin', () => {
+    const c = buildTurnCommand('codex', codex, { prompt: '--dangerously-bypass-approvals-and-sandbox', locator: LOC, model: 'gpt-5.1' });
+    expect(c.argv).toEqual(['/usr/local/bin/codex', '-c', 'model_provider="fake"', 'exec', 'resume', '--json', '--skip-git-repo-check', '--model', 'gpt-5.1', '--', LOC, '-']);
+    expect(c.stdin).toBe('--dangerously-bypass-approvals-and-sandbox');
+    expect(c.argv).not.toContain(c.stdin);
+  });
+
+  it('is runnable, never kept: keepProcess true is refused with the reason, a turn process is refused', () => {
+    expect(RUNNABLE_CLIS).toContain('codex');
+    expect(keepsTurnProcess('codex', codex)).toBe(false);
+    expect(() => buildTurnCommand('codex', { ...codex, keepProcess: true }, { prompt: 'hi', locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'cli_unsupported', message: expect.stringContaining('one `codex exec` process per turn') }));
+    expect(buildTurnCommand('codex', { ...codex, keepProcess: false }, { prompt: 'hi', locator: undefined, model: '' }).stdin).toBe('hi');
+    expect(() => buildTurnProcessCommand('codex', codex, { locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'cli_unsupported' }));
+    expect(() => turnInput('codex', 'hi', 't')).toThrow(expect.objectContaining({ reason: 'cli_unsupported' }));
+  });
+
+  it('checks the prompt and the model as for every CLI; Claude Code and Pi take no stdin', () => {
+    expect(() => buildTurnCommand('codex', codex, { prompt: '', locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'out_of_range' }));
+    expect(() => buildTurnCommand('codex', codex, { prompt: 'a\0b', locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'invalid_characters' }));
+    expect(() => buildTurnCommand('codex', codex, { prompt: 'hi', locator: undefined, model: 'x y' })).toThrow(expect.objectContaining({ reason: 'invalid_characters' }));
+    expect(buildTurnCommand('claude_code', profile, { prompt: 'hi', locator: undefined, model: '' }).stdin).toBeUndefined();
+    expect(() => buildTurnCommand('opencode', profile, { prompt: 'hi', locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'cli_unsupported' }));
   });
 });
 
