@@ -7,8 +7,9 @@
 //   1. NEW, then LIVE (the bridge and the CLI server stay up between turns);
 //   2. a follow-up while the CLI is still running (its model call held): BeginTurn refused
 //      `turn_in_flight` (R-S8) and the bridge itself refuses a second turn; sent after the end, once;
-//   3. close immediately (clean stop; the checkpoint names the CLI's SQLite store, proven by the
-//      session's row), then resume at once: RESTORED, a new CLI process, the whole history;
+//   3. close immediately (clean stop; the CLI's own listing names the one session, the checkpoint
+//      names the CLI's SQLite store, proven by the session's row), then resume at once: RESTORED,
+//      a new CLI process, the whole history;
 //   4. a failed model call (HTTP 400, not retried by the CLI): `settled` with the error, a failed but
 //      ended turn, the session kept; the runner retries the prompt: the CLI sends the failed prompt
 //      and the retry as one user message (its own history), then the answer;
@@ -23,9 +24,16 @@
 // with the root's text only; a runner stream that drops mid-turn aborts the native turn (the
 // session goes idle, the prompt kept with no answer) and the turn is not a native end; a turn id is
 // never replayed.
+// A third member proves the cold-start check on the real store (R-G5): its checkpoint restored as is
+// passes; the same layer saved under a session its store never held (the first conversation's) or
+// under a Task child's id fails the check, and nothing is placed.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { CheckpointManifest as StoredManifest } from '../../../src/core/checkpoint-manifest.ts';
+import { CommandOutcome, type AgentCommandResult, type CheckpointManifest } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { ContextState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/common.ts';
 import { RunnerError } from '../../../src/runner-sdk/index.ts';
+import { toWireManifest } from '../../../src/wire/checkpoint-manifest.ts';
+import { sendCommand } from '../../support/agent.ts';
 import { ackMarker, type ReplyScript } from '../../support/fake-model-api.ts';
 import { SessionHistory, expectNegativeControlsFail, requestEntries, type Entry } from '../../support/history-checker.ts';
 import { KILO_HISTORY, OPENCODE_HISTORY } from '../../support/history-profiles.ts';
@@ -64,10 +72,30 @@ async function waitUntil(what: string, probe: () => boolean | Promise<boolean>, 
   }
 }
 
+/** A stored manifest as a RestoreCommand carries it (what the control plane sends: the clean stop re-stated). */
+function wireManifest(m: StoredManifest): CheckpointManifest {
+  return toWireManifest(m, {
+    baseImageRef: '',
+    activityVersion: m.cleanStop.stateRevision,
+    lastCompletedTurnId: '',
+    cleanStop: {
+      clean: true, noTurnInFlight: true, graceMs: 0, stoppedAtUnixMs: m.cleanStop.stoppedAtMs,
+      members: m.cleanStop.members.map((s) => ({
+        memberId: s.memberId, exitCode: s.exitCode, exitedByItself: true, signal: 'SIGTERM', withinGrace: true, containerPresent: true,
+        writableLayerPresent: true, stopDurationMs: 0, sigtermAtUnixMs: 0, exitedAtUnixMs: 0, killed: false, turnInFlight: false,
+      })),
+    },
+    sourceContainerIds: new Map(),
+    entryCounts: new Map(),
+  });
+}
+
 export function bridgeHistoryScenarios(cli: BridgeCli): void {
   const profile = cli === 'kilo' ? KILO_HISTORY : OPENCODE_HISTORY;
   const store = `/root/.local/share/${cli}/${cli}.db`;
   let h: HistoryFleet;
+  /** The first conversation's native session (kept in ITS member's store only). */
+  let conversationLocator = '';
 
   beforeAll(async () => {
     h = await startHistoryFleet(bridgeImage(cli), { agent: (url) => bridgeAgent(cli, url, { permission: { bash: 'ask' } }), reply: bridgeReplies });
@@ -101,6 +129,7 @@ export function bridgeHistoryScenarios(cli: BridgeCli): void {
       expect(t1.begun.contextState).toBe(ContextState.NEW);
       locator = t1.evidence.observedLocator!;
       expect(locator).toMatch(/^ses_[0-9A-Za-z]+$/);
+      conversationLocator = locator;
       const t2 = await turn('MARK-TWO');
       expect(t2.begun).toMatchObject({ contextState: ContextState.LIVE, locator });
       expect(t2.evidence.observedLocator).toBe(locator);
@@ -131,6 +160,9 @@ export function bridgeHistoryScenarios(cli: BridgeCli): void {
     });
 
     it('close immediately, then resume at once: the checkpoint names the CLI\'s session store, RESTORED with the whole history', async () => {
+      // The CLI's own listing (its server API) names the one session the checkpoint must prove.
+      const listed = (await cliApi(h, groupId, cli, 'GET', '/session')) as Array<{ id: string; parentID?: string }>;
+      expect(listed.filter((s) => s.parentID === undefined).map((s) => s.id)).toEqual([locator]);
       const stopped = await h.runner.stopGroup({ groupId });
       expect(stopped.outcome).toBe(StopOutcome.CLEAN);
       expect(stopped.checkpointId).not.toBe('');
@@ -261,6 +293,57 @@ export function bridgeHistoryScenarios(cli: BridgeCli): void {
       const replay = await execIn(h, groupId, cli, ['/usr/local/bin/live-bridge', 'turn', '--turn-id', dropped.begun.turnId, '--session', root, '--', prompt('MARK-DROP')]);
       expect(replay.exitCode).toBe(1);
       expect(replay.stderr).toContain('turn_replayed');
+    });
+  });
+
+  describe(`the cold-start check on the real ${cli} session store`, () => {
+    // The checkpoint of a member whose CLI ran one Task turn: its store holds the root session and
+    // the Task child, nothing else. Restoring that very layer under another group id (straight to
+    // the agent, as the control plane would send it) proves the check reads the store: the saved
+    // session passes; a session the store never held (the first conversation's, kept in another
+    // member's store — this store is a fresh one for it) and the Task child (not a root session)
+    // fail it, and nothing is left placed. A check that proved nothing would pass all three.
+    it('proves the saved session\'s root row after the restore, and refuses a store that never held the session or holds it only as a Task child', async () => {
+      expect(conversationLocator, 'the first conversation ran').toMatch(/^ses_/);
+      const opened = await h.runner.openGroup({ conversationId: `store-proof-${cli}`, members: [{ memberId: cli, cli }] });
+      const groupId = opened.group!.groupId;
+      const t = await bridgeTurn(h, groupId, cli, prompt('MARK-TASK'));
+      const root = t.evidence.observedLocator!;
+      const listed = (await cliApi(h, groupId, cli, 'GET', '/session')) as Array<{ id: string; parentID?: string }>;
+      expect(listed.filter((s) => s.parentID === undefined).map((s) => s.id)).toEqual([root]);
+      const child = listed.find((s) => s.parentID === root)?.id;
+      expect(child).toMatch(/^ses_/);
+      expect(listed.some((s) => s.id === conversationLocator)).toBe(false);
+
+      const stopped = await h.runner.stopGroup({ groupId });
+      expect(stopped.outcome).toBe(StopOutcome.CLEAN);
+      const hostId = (await h.fleet.group(groupId)).lifecycle.hostId!;
+      const manifest = await h.fleet.chunks.getManifest(hostId, groupId, stopped.checkpointId);
+      expect(manifest.members).toEqual([expect.objectContaining({ savedLocator: root, nativeSessionPaths: [store] })]);
+
+      const epoch = h.fleet.agents.get(hostId)!.agent.epoch!;
+      const restoreAs = async (name: string, savedLocator: string): Promise<AgentCommandResult> => {
+        const probe = { ...manifest, groupId: `store-proof-${name}-${cli}`, checkpointId: `probe-${name}`, members: manifest.members.map((m) => ({ ...m, savedLocator })) };
+        await h.fleet.chunks.putManifest(probe);
+        return sendCommand(h.fleet.nc, { hostId, epoch, generation: 1 }, { $case: 'restore', value: { groupId: probe.groupId, manifest: wireManifest(probe) } });
+      };
+      const members = async (name: string): Promise<unknown[]> => h.runtimeOf(hostId).listMembers(`store-proof-${name}-${cli}`);
+
+      const same = await restoreAs('same', root);
+      expect(same, same.message).toMatchObject({ outcome: CommandOutcome.OK });
+      expect(same.result?.$case === 'restore' ? same.result.value : undefined).toMatchObject({ verified: true, members: [expect.objectContaining({ sessionFilesPresent: true, missingPaths: [] })] });
+      expect(await members('same')).toHaveLength(1);
+      expect((await sendCommand(h.fleet.nc, { hostId, epoch, generation: 1 }, { $case: 'deleteGroup', value: { groupId: `store-proof-same-${cli}`, reason: 'destroyed' } })).outcome).toBe(CommandOutcome.OK);
+
+      const other = await restoreAs('other', conversationLocator);
+      expect(other).toMatchObject({ outcome: CommandOutcome.FAILED, reason: 'session_files_missing' });
+      expect(other.message).toContain(`${store}:locator_absent`);
+      expect(await members('other')).toEqual([]);
+
+      const task = await restoreAs('child', child!);
+      expect(task).toMatchObject({ outcome: CommandOutcome.FAILED, reason: 'session_files_missing' });
+      expect(task.message).toContain(`${store}:not_a_root_session`);
+      expect(await members('child')).toEqual([]);
     });
   });
 }
