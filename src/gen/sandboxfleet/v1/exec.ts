@@ -30,6 +30,11 @@ export const protobufFileName = "sandboxfleet/v1/exec.proto";
  * RunTurn (RunnerService.RunTurn, server stream): BeginTurn, the CLI's own command built by the
  * fleet from a typed request, the same turn-end detectors as the runner SDK run server-side, and
  * CompleteTurn with that evidence. The runner gets the CLI's events as they come.
+ * CLIs: Claude Code, Pi and Codex (`codex exec --json`, resumed with `codex exec resume`, the prompt
+ * on its stdin; always one process per turn, so every Codex turn after the first is RESTORED, never
+ * LIVE; its app-server, which could keep a thread, is not driven). OpenCode and Kilo (they need the
+ * live bridge) and a CLI the operator gave no profile (SANDBOXFLEET_CLI_PROFILES) are refused
+ * FAILED_PRECONDITION cli_unsupported: drive those with BeginTurn, Exec and CompleteTurn.
  * Claude Code and Pi are kept running between turns (a turn process the host agent holds: Claude
  * `--input-format stream-json`, Pi `--mode rpc`): the next turn writes to the same process and is
  * LIVE; a stop, restart, reclaim, migration or fenced host ends the process, so the turn after it is
