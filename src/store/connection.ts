@@ -34,13 +34,24 @@ export interface ConnectNatsOptions {
   readonly extra?: Partial<NodeConnectionOptions>;
 }
 
+/**
+ * The servers to try, in order: a list, or one string that may name several comma-separated
+ * (SANDBOXFLEET_NATS_URL on a cluster: every member, so a client starts and reconnects while any
+ * one of them is up; the client also learns the other members from the server it reaches).
+ */
+export function seedList(servers: string | readonly string[]): string[] {
+  const list = (typeof servers === 'string' ? servers.split(',') : [...servers]).map((s) => s.trim()).filter((s) => s.length > 0);
+  if (list.length === 0) throw new Error('no NATS server given');
+  return list;
+}
+
 /** Connect to NATS; connection status changes are logged. The caller owns (and closes) it. */
 export async function connectNats(opts: ConnectNatsOptions): Promise<NatsConnection> {
   const timeout = opts.timeoutMs ?? 5000;
   const nc = await connectCoalescing({
     ...opts.extra,
     ...(opts.auth !== undefined ? natsAuthConnectOptions(opts.auth) : {}),
-    servers: typeof opts.servers === 'string' ? opts.servers : [...opts.servers],
+    servers: seedList(opts.servers),
     name: opts.name,
     maxReconnectAttempts: opts.maxReconnectAttempts ?? -1,
     reconnectTimeWait: opts.reconnectTimeWaitMs ?? 1000,

@@ -58,6 +58,21 @@ export interface LocalNatsServerOptions {
   /** nats-server binary; default toolPath('nats-server'). */
   readonly binary?: string;
   readonly logger?: Logger;
+  /**
+   * Member of a JetStream cluster (test/support/nats-cluster.ts: three servers on loopback). The
+   * cluster port and the routes must be known before any member starts, so they are fixed here;
+   * `serverName` must differ per member. Production clusters come from the official NATS chart.
+   */
+  readonly cluster?: NatsClusterMembership;
+}
+
+/** The `cluster {}` block of one member: its route listener and the routes to every other member. */
+export interface NatsClusterMembership {
+  readonly name: string;
+  /** Route (cluster) port on 127.0.0.1. */
+  readonly port: number;
+  /** `nats-route://127.0.0.1:<port>` of the other members (a route to itself is ignored by the server). */
+  readonly routes: readonly string[];
 }
 
 /** A user in the server's static authorization block. */
@@ -89,6 +104,7 @@ export class LocalNatsServer {
 
   constructor(opts: LocalNatsServerOptions) {
     if (opts.port !== undefined) assertPort(opts.port, 'port');
+    if (opts.cluster !== undefined) assertPort(opts.cluster.port, 'cluster.port');
     if (typeof opts.monitorPort === 'number') assertPort(opts.monitorPort, 'monitorPort');
     if (typeof opts.fsync === 'object' && !(Number.isInteger(opts.fsync.intervalMs) && opts.fsync.intervalMs > 0)) {
       throw new Error(`fsync.intervalMs must be a positive integer, got ${opts.fsync.intervalMs}`);
@@ -195,10 +211,32 @@ export class LocalNatsServer {
     await this.start();
   }
 
+  /**
+   * Fault injection (tests): SIGKILL and wait for the exit, nothing flushed or handed over (a
+   * crashed server). `start()` brings it back on the same ports and store dir.
+   */
+  async kill(): Promise<void> {
+    const child = this.#child;
+    const exited = this.#exited;
+    if (!child || !exited) return;
+    child.kill('SIGKILL');
+    await exited;
+    this.#child = undefined;
+    this.#opts.logger?.info({ pid: child.pid }, 'nats-server killed');
+  }
+
+  /** Fault injection (tests): SIGSTOP freezes the server (sockets stay open, nothing answers), SIGCONT resumes it. */
+  signal(signal: 'SIGSTOP' | 'SIGCONT'): void {
+    if (!this.#child) throw new Error('nats-server is not running');
+    this.#child.kill(signal);
+  }
+
   async #terminate(): Promise<void> {
     const child = this.#child;
     const exited = this.#exited;
     if (!child || !exited) return;
+    // A frozen server (signal('SIGSTOP')) handles SIGTERM only once resumed.
+    child.kill('SIGCONT');
     child.kill('SIGTERM');
     const timeout = this.#opts.stopTimeoutMs ?? 10_000;
     const stoppedInTime = await Promise.race([exited.then(() => true), sleep(timeout).then(() => false)]);
@@ -241,9 +279,18 @@ export function renderConfig(i: RenderInput): string {
     `  store_dir: ${q(i.storeDir)}`,
     `  sync_interval: ${q(sync)}`,
     `}`,
+    ...(i.cluster === undefined ? [] : renderCluster(i.cluster)),
     ...(i.users === undefined ? [] : renderAuthorization(i.users)),
   ];
   return `${lines.filter(Boolean).join('\n')}\n`;
+}
+
+/** Routes on loopback only; every member lists every other, so any two can reach each other directly. */
+function renderCluster(c: NatsClusterMembership): string[] {
+  const q = (s: string): string => JSON.stringify(s);
+  if (!/^[A-Za-z0-9_-]{1,64}$/.test(c.name)) throw new Error(`cluster name must be 1-64 of [A-Za-z0-9_-], got ${c.name}`);
+  for (const r of c.routes) if (!/^nats-route:\/\/127\.0\.0\.1:\d{1,5}$/.test(r)) throw new Error(`route must be nats-route://127.0.0.1:<port>, got ${r}`);
+  return ['cluster {', `  name: ${q(c.name)}`, `  listen: ${q(`127.0.0.1:${c.port}`)}`, `  routes: [${c.routes.map(q).join(', ')}]`, '}'];
 }
 
 const NKEY_USER = /^U[A-Z2-7]{55}$/;
