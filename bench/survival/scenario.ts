@@ -52,6 +52,12 @@ export interface SurvivalOptions {
   readonly spotNoticeMs?: number;
   /** Incompressible bytes written into each turn's layer (a CLI writing files), 0 for none. */
   readonly bytesPerTurn?: number;
+  /**
+   * Kill mode: from the chosen moment on, the host dies the instant a CompleteTurn of one of its
+   * groups has answered (in that answer's continuation, before anything else runs): with
+   * idleStopAfter 0 that conversation must be restored (its answer means protected).
+   */
+  readonly deathRightAfterTurn?: boolean;
   readonly log?: (line: string) => void;
 }
 
@@ -89,6 +95,14 @@ export interface SurvivalResult {
   readonly restoredOlderThanLastTurn: number;
   /** Groups not mid-turn and not protected at the death (their save was still running, or idle time not reached). */
   readonly unprotectedNotMidTurn: number;
+  /** Of those, the ones whose last completion said it could not protect them (a turn_end_unprotected event). */
+  readonly reportedUnprotected: number;
+  /** deathRightAfterTurn: the group whose CompleteTurn answered right before the death. */
+  readonly killedRightAfterTurnOf?: string | undefined;
+  /** CompleteTurn latency (the answer, with idleStopAfter 0 after the stop and checkpoint), ms. */
+  readonly completeMs: readonly number[];
+  /** Per completed turn: BeginTurn + CompleteTurn latency (what the fleet adds to a turn), ms. */
+  readonly turnCallsMs: readonly number[];
   /** Invariant breaches (empty when every group ended as it must). */
   readonly violations: readonly string[];
   /** Spot mode: what the host said at the notice's deadline. */
@@ -165,6 +179,8 @@ interface Conversation {
   readonly groupId: string;
   locator: string | undefined;
   completed: number;
+  /** The last turn whose CompleteTurn answered. */
+  lastTurnId: string | undefined;
   inTurn: boolean;
   /** Turns stop being started once set (the death, or the notice). */
   frozen: boolean;
@@ -211,13 +227,17 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     for (let i = 0; i < o.conversations; i++) {
       const conversationId = `sv-${o.seed}-${i}`;
       const { group: g } = await cp.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: CLI }] });
-      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, inTurn: false, frozen: false });
+      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, lastTurnId: undefined, inTurn: false, frozen: false });
     }
     log(`${convs.length} conversations opened`);
 
     const beginStoppedMs: number[] = [];
     const beginRunningMs: number[] = [];
+    const completeMs: number[] = [];
+    const turnCallsMs: number[] = [];
     let turnsCompleted = 0;
+    /** deathRightAfterTurn: called (synchronously) with each group whose CompleteTurn just answered. */
+    let onAnswered: ((groupId: string) => void) | undefined;
     const turn = async (c: Conversation): Promise<'ok' | 'failed'> => {
       const before = cp.fleet.group(Keys.group(c.groupId))?.value.lifecycle.state;
       c.inTurn = true;
@@ -232,10 +252,16 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
         await writeNativeSession(docker, begun.containerId, CLI, c.locator);
         await writeBytes(docker, begun.containerId, o.bytesPerTurn ?? 0, c.completed + 1);
         await sleep(o.turnMs[0] + rnd() * (o.turnMs[1] - o.turnMs[0]));
+        const t1 = performance.now();
         await cp.runner.completeTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: c.locator, evidence: EXITED });
+        if (c.frozen) return 'failed'; // answered after the death: its host was gone meanwhile
+        completeMs.push(performance.now() - t1);
+        turnCallsMs.push(ms + performance.now() - t1);
         c.completed += 1;
+        c.lastTurnId = begun.turnId;
         turnsCompleted += 1;
         c.inTurn = false;
+        onAnswered?.(c.groupId);
         return 'ok';
       } catch {
         // A turn cut off by the death stays "in flight" for the runner: it never completed.
@@ -274,16 +300,42 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       spotSummary = cp.spot.summaryOf(victim) as Record<string, unknown> | undefined;
     }
 
-    // The death: agent and dockerd SIGKILLed, data root deleted; no more turns anywhere.
-    const deathAfterMs = Date.now() - started;
-    agents.get(victim)!.kill('SIGKILL');
-    try {
-      process.kill(hosts[vi]!.pid, 'SIGKILL');
-    } catch {
-      // already gone
+    // The death: agent and dockerd SIGKILLed, data root deleted; no more turns anywhere. Synchronous
+    // up to the freeze, so it can run inside a CompleteTurn answer's continuation.
+    let deathAfterMs = 0;
+    let midTurn = new Set<string>();
+    const die = (): void => {
+      deathAfterMs = Date.now() - started;
+      agents.get(victim)!.kill('SIGKILL');
+      try {
+        process.kill(hosts[vi]!.pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+      for (const c of convs) c.frozen = true;
+      midTurn = new Set(convs.filter((c) => c.inTurn && onVictim.has(c.groupId)).map((c) => c.groupId));
+    };
+    let killedRightAfterTurnOf: string | undefined;
+    if (o.mode === 'kill' && o.deathRightAfterTurn === true) {
+      await new Promise<void>((resolve) => {
+        const fallback = setTimeout(() => {
+          onAnswered = undefined;
+          log('no CompleteTurn of the victim answered within 30 s: killed anyway');
+          die();
+          resolve();
+        }, 30_000);
+        onAnswered = (groupId) => {
+          if (!onVictim.has(groupId)) return;
+          onAnswered = undefined;
+          clearTimeout(fallback);
+          killedRightAfterTurnOf = groupId;
+          die();
+          resolve();
+        };
+      });
+    } else {
+      die();
     }
-    for (const c of convs) c.frozen = true;
-    const midTurn = new Set(convs.filter((c) => c.inTurn && onVictim.has(c.groupId)).map((c) => c.groupId));
     // stop() reaps what the killed dockerd left (containerd, shims, container processes); destroy()
     // unmounts its layers and deletes the data root with the rest of the host's directory.
     await hosts[vi]!.stop();
@@ -298,7 +350,14 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       const prot = g.lifecycle.state === 'MIGRATING' || (g.lifecycle.state === 'STOPPED' && g.lifecycle.stop?.clean === true && cpRec?.activityVersion === g.lifecycle.activityVersion);
       atDeath.set(id, { state: g.lifecycle.state, protected: prot });
     }
-    log(`${victim} died after ${deathAfterMs} ms holding ${onVictim.size} groups (${midTurn.size} mid-turn, ${[...atDeath.values()].filter((s) => s.protected).length} protected)`);
+    log(`${victim} died after ${deathAfterMs} ms holding ${onVictim.size} groups (${midTurn.size} mid-turn, ${[...atDeath.values()].filter((s) => s.protected).length} protected)${killedRightAfterTurnOf !== undefined ? `, right after ${killedRightAfterTurnOf}'s CompleteTurn answered` : ''}`);
+    // The completions that said they could not protect their group (the event of that turn's end).
+    const reported = new Set<string>();
+    for (const c of convs) {
+      if (!onVictim.has(c.groupId) || c.lastTurnId === undefined) continue;
+      const events = (await store.events.read({ subjectKind: 'group', subjectId: c.groupId, limit: 1_000 })).events.map((e) => e.event);
+      if (events.some((e) => e.type === 'turn_end_unprotected' && (e.detail as { turnId?: string } | undefined)?.turnId === c.lastTurnId)) reported.add(c.groupId);
+    }
     await Promise.race([Promise.all(loops), sleep(30_000)]);
 
     // Every group of the victim settles: restored elsewhere, or LOST.
@@ -359,7 +418,9 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       survivedFractionNotMidTurn: notMid.length === 0 ? 1 : notMid.filter((x) => x.result === 'restored').length / notMid.length,
       restoredOlderThanLastTurn: outcomes.filter((x) => x.restoredOlderThanLastTurn === true).length,
       unprotectedNotMidTurn: notMid.filter((x) => !x.protectedAtDeath).length,
-      violations, spotSummary, beginStoppedMs, beginRunningMs,
+      reportedUnprotected: notMid.filter((x) => !x.protectedAtDeath && reported.has(x.groupId)).length,
+      killedRightAfterTurnOf,
+      violations, spotSummary, beginStoppedMs, beginRunningMs, completeMs, turnCallsMs,
     };
   } finally {
     for (const a of agents.values()) a.kill('SIGKILL');

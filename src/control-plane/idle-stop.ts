@@ -6,9 +6,16 @@
 // record, so a BeginTurn that got in first wins and the stop is not taken; a BeginTurn that comes
 // after the stop waits for it and starts the group again (RESTORED). Stops are rate-limited
 // (idleStopsPerSecond) and bounded in parallel (idleStopParallelism).
-// The same queue retries the checkpoint of its own clean stops until one covers the group's state,
-// and finishes a stop that a crash left STOPPING.
-import { decideIdleStop, type IdleStopAfter, type IdleStopDecision } from '../core/idle-stop.ts';
+// The same queue retries the checkpoint of clean stops until one covers the group's state (its own
+// right away, anyone else's after CHECKPOINT_RETRY_MS: a runner's StopGroup or a completion below
+// takes its own first), and finishes a stop that a crash left STOPPING.
+// idleStopAfter 0 ("stop right after every completed turn") is done ON the turn's path, not by the
+// queue: the completion stops and checkpoints its group before it answers (protectAfterTurn, called
+// by the runner backend's CompleteTurn and so by RunTurn's end), so a runner that holds the answer
+// holds a protected conversation. The queue steps in for such a group only TURN_END_HANDOFF_MARGIN_MS
+// after the stop grace has passed since the turn's end (the completing call died or failed).
+import { afterTurnStep, decideIdleStop, type AfterTurnBlocker, type AfterTurnView, type IdleStopAfter, type IdleStopDecision } from '../core/idle-stop.ts';
+import { CasConflictError } from '../store/errors.ts';
 import { describeError, isTerminal } from './fleet.ts';
 import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
 import { KeyedQueue, type ReconcileResult } from './keyed-queue.ts';
@@ -19,6 +26,8 @@ import { Keys } from './state.ts';
 const CHECKPOINT_RETRY_MS = 30_000;
 /** A STOPPING group is left to whoever stops it for the grace plus this, then its stop is finished here. */
 const STOP_FINISH_MARGIN_MS = 15_000;
+/** With idleStopAfter 0, the queue leaves a group to its completing call for the stop grace plus this. */
+const TURN_END_HANDOFF_MARGIN_MS = 10_000;
 
 /** What the idle queue has to do for a group now. */
 export type IdleWork =
@@ -37,14 +46,20 @@ export function idleStopAfterOf(g: GroupRecord, fleetDefault: IdleStopAfter): Id
 }
 
 /** Core's decision on a stored group record. */
-export function idleDecision(g: GroupRecord, after: IdleStopAfter, startGraceMs: number, nowMs: number): IdleStopDecision {
-  return decideIdleStop({
+export function idleDecision(g: GroupRecord, after: IdleStopAfter, startGraceMs: number, nowMs: number, turnEndHandoffMs = 0): IdleStopDecision {
+  return decideIdleStop(idleView(g), { after, startGraceMs, turnEndHandoffMs }, nowMs);
+}
+
+function idleView(g: GroupRecord): AfterTurnView {
+  return {
     state: g.lifecycle.state,
     evacuating: g.evacuation !== undefined,
     lastActivityAtMs: g.lifecycle.lastActivityAtMs,
     lastTurnCompletedAtMs: g.lastTurnCompletedAtMs,
     members: g.members.map((m) => ({ phase: m.session.phase, exitUnconfirmed: m.session.reclaim !== undefined })),
-  }, { after, startGraceMs }, nowMs);
+    stopClean: g.lifecycle.stop?.clean,
+    checkpointCovers: false,
+  };
 }
 
 export interface IdleWorkSettings {
@@ -56,14 +71,16 @@ export interface IdleWorkSettings {
 /**
  * What the idle queue does for `g` (pure). `checkpointCovers`: the group's latest checkpoint is of
  * its current state (the read model's checkpoint index; false while unknown). `ownStop`: this
- * leader's idle stop stopped it (a runner's StopGroup takes its own checkpoint).
+ * leader's idle stop stopped it; anyone else's clean stop (a runner's StopGroup, a completion with
+ * idleStopAfter 0) takes its own checkpoint first, and the queue takes it only CHECKPOINT_RETRY_MS
+ * after the stop when none covers the state by then (theirs failed or was cut off).
  */
 export function idleWork(g: GroupRecord, checkpointCovers: boolean, ownStop: boolean, s: IdleWorkSettings, nowMs: number): IdleWork {
   if (isTerminal(g) || g.evacuation !== undefined) return { kind: 'none' };
   const after = idleStopAfterOf(g, s.idleStopAfterMs);
   switch (g.lifecycle.state) {
     case 'RUNNING': {
-      const d = idleDecision(g, after, s.idleStopStartGraceMs, nowMs);
+      const d = idleDecision(g, after, s.idleStopStartGraceMs, nowMs, s.stopGraceMs + TURN_END_HANDOFF_MARGIN_MS);
       return d.action === 'stop' ? { kind: 'stop' } : d.action === 'wait' ? { kind: 'wait', atMs: d.atMs } : { kind: 'none' };
     }
     case 'STOPPING': {
@@ -71,8 +88,10 @@ export function idleWork(g: GroupRecord, checkpointCovers: boolean, ownStop: boo
       return nowMs >= atMs ? { kind: 'finish_stop' } : { kind: 'wait', atMs };
     }
     case 'STOPPED': {
-      if (!ownStop || g.lifecycle.stop?.clean !== true || checkpointCovers) return { kind: 'none' };
-      return { kind: 'checkpoint' };
+      if (g.lifecycle.stop?.clean !== true || checkpointCovers) return { kind: 'none' };
+      if (ownStop) return { kind: 'checkpoint' };
+      const atMs = g.updatedAtMs + CHECKPOINT_RETRY_MS;
+      return nowMs >= atMs ? { kind: 'checkpoint' } : { kind: 'wait', atMs };
     }
     default:
       return { kind: 'none' };
@@ -166,7 +185,8 @@ export class IdleStopper {
     const state = after.lifecycle.state;
     // Cheap filter on every change: only groups the queue could act on are kept.
     if (state !== 'STOPPED') this.#ownStops.delete(after.groupId);
-    const candidate = !isTerminal(after) && after.evacuation === undefined && (state === 'RUNNING' || state === 'STOPPING' || (state === 'STOPPED' && this.#ownStops.has(after.groupId)));
+    const uncovered = state === 'STOPPED' && after.lifecycle.stop?.clean === true && !this.#covers(after);
+    const candidate = !isTerminal(after) && after.evacuation === undefined && (state === 'RUNNING' || state === 'STOPPING' || uncovered);
     if (!candidate) {
       this.#candidates.delete(after.groupId);
       return;
@@ -243,5 +263,91 @@ export class IdleStopper {
       this.ctx.logger.warn({ groupId, ...describeError(err) }, 'checkpoint after an idle stop failed; retried');
       return { requeueAfterMs: CHECKPOINT_RETRY_MS };
     }
+  }
+}
+
+// ---- idleStopAfter 0: protected before the completion answers ----------------------------------
+
+/** Steps one protection may take (stop, await a stop, checkpoint, and re-judging after a lost race). */
+const AFTER_TURN_STEPS = 8;
+
+/** What protectAfterTurn reached. `acted`: this call stopped the group or took its checkpoint. */
+export type AfterTurnProtection =
+  | { readonly protected: true; readonly acted: boolean }
+  | { readonly protected: false; readonly acted: boolean; readonly why: AfterTurnBlocker | 'failed'; readonly error?: string | undefined };
+
+/**
+ * With idleStopAfter 0: bring the group to "stopped cleanly with a checkpoint of its state" (R-G2,
+ * R-G3, R-G6) before the completion answers, step by step as core's afterTurnStep says, each step
+ * re-judged on the stored record. The stop is the same compare-and-set as the idle queue's: a turn
+ * that began in between wins and nothing is stopped. Never throws for a failed stop or checkpoint:
+ * the turn's answer stands, and the result says why the group is not protected yet (the idle queue
+ * retries: a STOPPING group is finished, an uncovered clean stop checkpointed, a RUNNING one stopped).
+ */
+export async function protectAfterTurn(ctx: GroupOpsDeps, ops: GroupOps, groupId: string): Promise<AfterTurnProtection> {
+  let acted = false;
+  let error: string | undefined;
+  for (let i = 0; i < AFTER_TURN_STEPS; i++) {
+    let gv;
+    try {
+      gv = await ops.get(groupId);
+    } catch (err) {
+      return { protected: false, acted, why: 'failed', error: errorText(err) };
+    }
+    const g = gv.value;
+    const step = afterTurnStep({ ...idleView(g), checkpointCovers: await covered(ctx, g) }, ctx.now());
+    try {
+      switch (step.step) {
+        case 'protected':
+          return { protected: true, acted };
+        case 'unprotected':
+          return { protected: false, acted, why: step.why };
+        case 'stop': {
+          const requested = await ops.transition(groupId, { type: 'stop_requested' }, 'idle stop right after the turn (idle_stop_after 0)',
+            (c) => afterTurnStep({ ...idleView(c), checkpointCovers: false }, ctx.now()).step === 'stop',
+            (c) => ({ stops: c.stops + 1 }));
+          // Lost the race (a begin, another stop): judged again from the stored record.
+          if (requested === undefined) break;
+          acted = true;
+          await ops.stop(groupId, ctx.config.stopGraceMs, 'idle stop right after the turn (idle_stop_after 0)');
+          break;
+        }
+        case 'await_stop':
+          await awaitStopEnd(ctx, groupId, gv.revision);
+          break;
+        case 'checkpoint':
+          acted = true;
+          await ops.checkpoint(groupId);
+          break;
+      }
+    } catch (err) {
+      // A lost compare-and-set (e.g. two takers of one checkpoint) is judged again; anything else
+      // (host unreachable, a refused capture) leaves the group to the idle queue.
+      if (!(err instanceof CasConflictError)) return { protected: false, acted, why: 'failed', error: errorText(err) };
+      error = errorText(err);
+    }
+  }
+  return { protected: false, acted, why: 'failed', error: error ?? 'no progress' };
+}
+
+function errorText(err: unknown): string {
+  return (err instanceof Error ? err.message : String(err)).slice(0, 512);
+}
+
+/** The group's latest checkpoint is of its current state (read from the store: the model may lag). */
+async function covered(ctx: GroupOpsDeps, g: GroupRecord): Promise<boolean> {
+  if (g.lifecycle.state !== 'STOPPED' || g.latestCheckpointId === undefined) return false;
+  return (await ctx.checkpoints.get(g.groupId, g.latestCheckpointId))?.activityVersion === g.lifecycle.activityVersion;
+}
+
+/** Someone else's stop is under way: wait (bounded by its grace plus 10 s) until the model shows its end. */
+async function awaitStopEnd(ctx: GroupOpsDeps, groupId: string, seenRevision: number): Promise<void> {
+  const until = ctx.now() + ctx.config.stopGraceMs + 10_000;
+  const key = Keys.group(groupId);
+  for (;;) {
+    const m = ctx.fleet.group(key);
+    if (m !== undefined && m.revision > seenRevision && m.value.lifecycle.state !== 'STOPPING') return;
+    if (ctx.now() > until) throw new Error(`group ${groupId} is still stopping`);
+    await new Promise((r) => setTimeout(r, 20));
   }
 }

@@ -86,6 +86,7 @@ import { CommandIds } from '../wire/agent-protocol.ts';
 import { candidates, isTerminal } from './fleet.ts';
 import type { FleetState } from './fleet-state.ts';
 import { GroupOps } from './group-ops.ts';
+import { protectAfterTurn } from './idle-stop.ts';
 import { findTurnCall, isFinalRefusal, keyDigest, recordTurnCall, refusalOutcome, replayOutcome, requestHash, validateIdempotencyKey, valueOutcome, withIdempotency } from './idempotency.ts';
 import { chooseHost } from './placement.ts';
 import { groupView } from './views.ts';
@@ -728,15 +729,51 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const end = turnEndFromEvidence(input.evidence);
     const key = validateIdempotencyKey(input.idempotencyKey);
     const call: Call = { key: keyDigest('complete', key), request: requestHash({ groupId, memberId, turnId, observed: input.observedLocator ?? null, end }) };
+    let view: CompleteTurnView;
     for (let attempt = 0; ; attempt++) {
       try {
-        return await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0, fleet);
+        view = await this.#complete(groupId, memberId, turnId, input.observedLocator, end, input.evidence, call, attempt === 0, fleet);
+        break;
       } catch (err) {
         this.#groups.drop(groupId);
         if (err instanceof NeedsFreshRead) continue;
         if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw err;
       }
     }
+    return this.#protectAfterTurn(groupId, memberId, turnId, view);
+  }
+
+  /**
+   * idleStopAfter 0 (R-G6): the answer comes only once the group is stopped cleanly with a checkpoint
+   * of its state (idle-stop.ts protectAfterTurn), so a runner holding the answer holds a protected
+   * conversation; a repeat of the call gets there too (a no-op once protected). A stop or checkpoint
+   * that fails does not fail the turn, whose end is stored: the answer stands, the metric and a
+   * `turn_end_unprotected` event say the group is not protected yet, and the idle queue retries.
+   * Protected: the member's process is gone, so the next turn is RESTORED, never LIVE.
+   */
+  async #protectAfterTurn(groupId: string, memberId: string, turnId: string, view: CompleteTurnView): Promise<CompleteTurnView> {
+    const g = this.#groups.get(groupId)?.value ?? (await this.#ops.get(groupId)).value;
+    if (isTerminal(g) || (g.idleStopAfterMs ?? this.ctx.config.idleStopAfterMs) !== 0) return view;
+    const t0 = this.ctx.now();
+    const p = await protectAfterTurn(this.ctx, this.#ops, groupId);
+    if (p.acted) this.#groups.drop(groupId);
+    if (p.protected) {
+      if (p.acted) this.ctx.metrics.idleStops.inc({ result: 'stopped' });
+      return view.nextContextState === 'LIVE' ? { ...view, nextContextState: 'RESTORED' } : view;
+    }
+    // A turn that began meanwhile (this member's next, another member's) saves the group at its own
+    // end; an evacuation is the controller's: nothing to report for those.
+    if (p.why === 'turn_in_flight' || p.why === 'activity_since_turn' || p.why === 'evacuating' || p.why === 'terminal') {
+      if (p.acted || p.why !== 'evacuating') this.ctx.metrics.idleStops.inc({ result: 'lost_race' });
+      return view;
+    }
+    this.ctx.metrics.idleStops.inc({ result: p.why === 'stopped_unclean' ? 'unclean' : 'failed' });
+    this.ctx.logger.warn({ groupId, memberId, turnId, why: p.why, error: p.error, ms: this.ctx.now() - t0 }, 'turn completed, but its group is not protected yet (idle_stop_after 0); the idle queue retries');
+    await this.ctx.events.record({
+      subjectKind: 'group', subjectId: groupId, type: 'turn_end_unprotected', reason: p.why, version: `${memberId}:${turnId}:after_turn`,
+      detail: { memberId, turnId, ...(p.error !== undefined ? { error: p.error } : {}) },
+    }).catch((err: unknown) => this.ctx.logger.warn({ groupId, err }, 'recording turn_end_unprotected failed'));
+    return view;
   }
 
   async #complete(groupId: string, memberId: string, turnId: string, observedLocator: string | undefined, end: TurnEnd, evidence: TurnEvidenceInput, call: Call, useCache: boolean, fleet: FleetCompletion | undefined): Promise<CompleteTurnView> {

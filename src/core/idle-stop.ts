@@ -65,6 +65,13 @@ export interface IdleStopTiming {
    * least this long: the turn that started it must get to begin, even with `after` 0.
    */
   readonly startGraceMs: number;
+  /**
+   * With `after` 0 the completion that made the group idle stops and checkpoints it itself before it
+   * answers (afterTurnStep); the idle queue steps in only this long after that turn's end (the
+   * completing call died or failed), so the two do not race for every turn. Absent or 0: decide as
+   * the completing call does.
+   */
+  readonly turnEndHandoffMs?: number | undefined;
 }
 
 /**
@@ -88,9 +95,67 @@ export function decideIdleStop(g: IdleStopView, timing: IdleStopTiming, nowMs: n
   }
   const lastTurn = g.lastTurnCompletedAtMs ?? 0;
   // The last activity was a start, not a turn end: the turn that caused it gets its grace.
-  const wait = g.lastActivityAtMs > lastTurn ? Math.max(timing.after, timing.startGraceMs) : timing.after;
+  const wait = g.lastActivityAtMs > lastTurn
+    ? Math.max(timing.after, timing.startGraceMs)
+    : timing.after === 0 ? timing.turnEndHandoffMs ?? 0 : timing.after;
   const atMs = g.lastActivityAtMs + wait;
   return nowMs >= atMs ? { action: 'stop' } : { action: 'wait', atMs };
+}
+
+// ---- protection right after a turn (idleStopAfter 0) ------------------------------------------
+
+/** What the after-turn rule reads: the idle view plus the stop and checkpoint facts. */
+export interface AfterTurnView extends IdleStopView {
+  /** Set in STOPPED: whether the last stop was clean. */
+  readonly stopClean?: boolean | undefined;
+  /** The group's latest checkpoint is of its current state (activity version). */
+  readonly checkpointCovers: boolean;
+}
+
+export type AfterTurnBlocker = IdleStopBlocker | 'activity_since_turn' | 'stopped_unclean' | 'terminal';
+
+export type AfterTurnStep =
+  /** Stopped cleanly with a checkpoint of its state (or moving from one): survives its host. */
+  | { readonly step: 'protected' }
+  /** Idle right after the turn: stop it cleanly now (compare-and-set, re-checked on the stored record). */
+  | { readonly step: 'stop' }
+  /** A stop (someone's) is under way: wait for its end. */
+  | { readonly step: 'await_stop' }
+  /** Stopped cleanly, no checkpoint of this state yet: take it (R-G3). */
+  | { readonly step: 'checkpoint' }
+  /** Cannot be protected now (a turn in flight, started again, stopped unclean, ...): say why. */
+  | { readonly step: 'unprotected'; readonly why: AfterTurnBlocker };
+
+/**
+ * With idleStopAfter 0 a completion answers only once its group is protected (R-G6): the next step
+ * towards "stopped cleanly with a checkpoint of its state" from the group as it is now, or why that
+ * cannot be reached now. The idle rule itself (decideIdleStop, with no hand-off wait) decides
+ * whether a RUNNING group may be stopped: another member's turn in flight, an unconfirmed exit, an
+ * evacuation keep it running, and so does a start after the turn (a next turn got in first).
+ */
+export function afterTurnStep(g: AfterTurnView, nowMs: number): AfterTurnStep {
+  switch (g.state) {
+    case 'MIGRATING':
+      return { step: 'protected' };
+    case 'STOPPED':
+      if (g.stopClean !== true) return { step: 'unprotected', why: 'stopped_unclean' };
+      return g.checkpointCovers ? { step: 'protected' } : { step: 'checkpoint' };
+    case 'STOPPING':
+      return { step: 'await_stop' };
+    case 'RUNNING': {
+      const d = decideIdleStop(g, { after: 0, startGraceMs: 0, turnEndHandoffMs: 0 }, nowMs);
+      if (d.action === 'stop') {
+        // A start after the last completed turn: a next turn got in first (its own end saves it).
+        return g.lastActivityAtMs > (g.lastTurnCompletedAtMs ?? 0) ? { step: 'unprotected', why: 'activity_since_turn' } : { step: 'stop' };
+      }
+      return { step: 'unprotected', why: d.action === 'none' ? d.why : 'activity_since_turn' };
+    }
+    case 'PENDING':
+      return { step: 'unprotected', why: 'not_running' };
+    case 'LOST':
+    case 'DESTROYED':
+      return { step: 'unprotected', why: 'terminal' };
+  }
 }
 
 // ---- protection -------------------------------------------------------------------------------

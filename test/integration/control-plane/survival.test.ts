@@ -1,11 +1,13 @@
 // Survival of a host's death over real hosts (issue 14 item 5): 50 conversations on 3 real dockerd
 // hosts (real agents as child processes, real nats-server, a leading ControlPlane) run seeded random
 // turns that write their native session files like the CLI; the host holding the most groups dies.
-// 1. Without warning (agent and dockerd SIGKILLed, data root deleted, at a random moment), with
-//    idle_stop_after 0: every group stopped cleanly with a checkpoint of its state at the death is
-//    restored with its session (next turn RESTORED, same locator, every completed turn in its
-//    history), every other group is LOST with its reason, nothing restored is older than its last
-//    completed turn.
+// 1. Without warning (agent and dockerd SIGKILLed, data root deleted), with idle_stop_after 0, at a
+//    random moment in the second half of the workload, in the very continuation of a CompleteTurn
+//    answer for one of the host's groups: a completion answers only once its group is stopped
+//    cleanly with a checkpoint, so that group, and every group not mid-turn (or whose completion
+//    reported it could not protect it), is restored with its session (next turn RESTORED, same
+//    locator, every completed turn in its history); every other group is LOST with its reason;
+//    nothing restored is older than its last completed turn.
 // 2. With a 30 s spot notice and idle auto-stop off (every group running): the spot evacuation saves
 //    every group of the host before the deadline, the host says so, and all are restored.
 // The seed is printed; SURVIVAL_SEED replays it. bench/survival runs the same scenario at more settings.
@@ -18,15 +20,21 @@ function report(r: SurvivalResult): void {
   const by = (f: (o: SurvivalResult['outcomes'][number]) => boolean) => r.outcomes.filter(f).length;
   console.log(`survival ${r.mode} seed=${seed} idle=${String(r.idleStopAfterMs)}: ${r.victim} died after ${r.deathAfterMs} ms with ${r.groupsOnVictim} groups; `
     + `${by((o) => o.result === 'restored')} restored, ${by((o) => o.result === 'lost')} lost (${[...new Set(r.outcomes.map((o) => o.lostReason).filter(Boolean))].join(',')}), `
-    + `${by((o) => o.midTurn)} mid-turn, ${r.unprotectedNotMidTurn} unprotected not mid-turn; survived_fraction_not_mid_turn ${r.survivedFractionNotMidTurn.toFixed(3)}; turns ${r.turnsCompleted}`);
+    + `${by((o) => o.midTurn)} mid-turn, ${r.unprotectedNotMidTurn} unprotected not mid-turn (${r.reportedUnprotected} reported); killed right after ${r.killedRightAfterTurnOf ?? '-'}'s answer; survived_fraction_not_mid_turn ${r.survivedFractionNotMidTurn.toFixed(3)}; turns ${r.turnsCompleted}`);
   if (r.violations.length > 0) console.log(r.violations.join('\n'));
 }
 
 describe('a host dies under a seeded workload of 50 conversations', () => {
   it('killed without warning (idle_stop_after 0): the protected are restored with their sessions, the rest LOST with a reason', async () => {
-    const r = await runSurvival({ conversations: 50, idleStopAfterMs: 0, workloadMs: 30_000, meanGapMs: 8_000, turnMs: [100, 400], seed, mode: 'kill', log: (l) => console.log(l) });
+    const r = await runSurvival({ conversations: 50, idleStopAfterMs: 0, workloadMs: 30_000, meanGapMs: 8_000, turnMs: [100, 400], seed, mode: 'kill', deathRightAfterTurn: true, log: (l) => console.log(l) });
     report(r);
     expect(r.groupsOnVictim).toBeGreaterThanOrEqual(10);
+    // The group whose CompleteTurn had just answered survives: holding the answer means protected.
+    expect(r.killedRightAfterTurnOf).toBeDefined();
+    const justAnswered = r.outcomes.find((o) => o.groupId === r.killedRightAfterTurnOf);
+    expect(justAnswered).toMatchObject({ midTurn: false, protectedAtDeath: true, result: 'restored', nextTurnContext: 'RESTORED', sameLocator: true });
+    // No conversation outside a turn is exposed unless its completion said so (turn_end_unprotected).
+    expect(r.unprotectedNotMidTurn).toBe(r.reportedUnprotected);
     expect(r.violations).toEqual([]);
     expect(r.restoredOlderThanLastTurn).toBe(0);
     for (const o of r.outcomes) {

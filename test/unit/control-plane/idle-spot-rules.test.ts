@@ -24,7 +24,9 @@ describe('idleWork', () => {
   it('parks a running group until its idle deadline, then stops it; its own setting wins', () => {
     expect(idleWork(record(), false, false, settings, 2_000)).toEqual({ kind: 'wait', atMs: 601_000 });
     expect(idleWork(record(), false, false, settings, 601_000)).toEqual({ kind: 'stop' });
-    expect(idleWork(record({ idleStopAfterMs: 0 }), false, false, settings, 1_000)).toEqual({ kind: 'stop' });
+    // 0: the completing call stops it; the queue steps in after the stop grace + 10 s (a completion cut off).
+    expect(idleWork(record({ idleStopAfterMs: 0 }), false, false, settings, 1_000)).toEqual({ kind: 'wait', atMs: 21_000 });
+    expect(idleWork(record({ idleStopAfterMs: 0 }), false, false, settings, 21_000)).toEqual({ kind: 'stop' });
     expect(idleWork(record({ idleStopAfterMs: 'never' }), false, false, settings, 1e12)).toEqual({ kind: 'none' });
   });
 
@@ -34,14 +36,16 @@ describe('idleWork', () => {
     expect(idleWork(record({ state: 'LOST' }), false, false, settings, 1e12)).toEqual({ kind: 'none' });
   });
 
-  it('finishes a stop a crash left STOPPING only after grace + margin; checkpoints only its own clean stops not yet covered', () => {
+  it('finishes a stop a crash left STOPPING only after grace + margin; checkpoints its own clean stops not yet covered, other stops after a while', () => {
     const stopping = record({ state: 'STOPPING', updatedAtMs: 10_000 });
     expect(idleWork(stopping, false, false, settings, 20_000)).toEqual({ kind: 'wait', atMs: 35_000 });
     expect(idleWork(stopping, false, false, settings, 35_000)).toEqual({ kind: 'finish_stop' });
     const stopped = record({ state: 'STOPPED', clean: true });
     expect(idleWork(stopped, false, true, settings, 2_000)).toEqual({ kind: 'checkpoint' });
     expect(idleWork(stopped, true, true, settings, 2_000)).toEqual({ kind: 'none' });
-    expect(idleWork(stopped, false, false, settings, 2_000)).toEqual({ kind: 'none' });
+    // Someone else's clean stop (StopGroup, a completion with idle 0) takes its own checkpoint first.
+    expect(idleWork(stopped, false, false, settings, 2_000)).toEqual({ kind: 'wait', atMs: 31_000 });
+    expect(idleWork(stopped, false, false, settings, 31_000)).toEqual({ kind: 'checkpoint' });
     expect(idleWork(record({ state: 'STOPPED', clean: false }), false, true, settings, 2_000)).toEqual({ kind: 'none' });
   });
 });

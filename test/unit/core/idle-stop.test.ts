@@ -2,7 +2,7 @@
 // it, the start grace, the wire form of the setting, and which groups a host loss would make LOST.
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { decideIdleStop, parseIdleStopAfterMs, protection, IDLE_STOP_MAX_MS, type IdleStopView } from '../../../src/core/idle-stop.ts';
+import { afterTurnStep, decideIdleStop, parseIdleStopAfterMs, protection, IDLE_STOP_MAX_MS, type AfterTurnView, type IdleStopView } from '../../../src/core/idle-stop.ts';
 import { MEMBER_PHASES } from '../../../src/core/member-session.ts';
 import { GROUP_STATES } from '../../../src/core/group.ts';
 import { PROPERTY_RUNS } from '../../support/property-runs.ts';
@@ -24,6 +24,15 @@ describe('decideIdleStop', () => {
     const started = idle({ lastActivityAtMs: 5_000, lastTurnCompletedAtMs: 1_000 });
     expect(decideIdleStop(started, { after: 0, startGraceMs: 30_000 }, 5_000)).toEqual({ action: 'wait', atMs: 35_000 });
     expect(decideIdleStop(started, { after: 0, startGraceMs: 30_000 }, 35_000)).toEqual({ action: 'stop' });
+  });
+
+  it('0 with a hand-off: the idle queue leaves a just-completed turn to its completing call for that long', () => {
+    const t = { after: 0, startGraceMs: 30_000, turnEndHandoffMs: 15_000 };
+    expect(decideIdleStop(idle(), t, 1_000)).toEqual({ action: 'wait', atMs: 16_000 });
+    expect(decideIdleStop(idle(), t, 16_000)).toEqual({ action: 'stop' });
+    // The hand-off applies to 0 only; other settings and the start grace are unchanged.
+    expect(decideIdleStop(idle(), { ...t, after: 5_000 }, 6_000)).toEqual({ action: 'stop' });
+    expect(decideIdleStop(idle({ lastActivityAtMs: 5_000 }), t, 5_000)).toEqual({ action: 'wait', atMs: 35_000 });
   });
 
   it('never: not a candidate', () => {
@@ -58,6 +67,32 @@ describe('decideIdleStop', () => {
         if (last > (lastTurn ?? 0)) expect(now).toBeGreaterThanOrEqual(last + startGraceMs);
       },
     ), { numRuns: PROPERTY_RUNS });
+  });
+});
+
+describe('afterTurnStep (idleStopAfter 0: protected before the completion answers)', () => {
+  const at = (over: Partial<AfterTurnView> = {}): AfterTurnView => ({ ...idle(), checkpointCovers: false, ...over });
+
+  it('walks stop -> await a stop -> checkpoint -> protected', () => {
+    expect(afterTurnStep(at(), 1_000)).toEqual({ step: 'stop' });
+    // No hand-off and no start grace for the completing call itself.
+    expect(afterTurnStep(at(), 1_000 + 1)).toEqual({ step: 'stop' });
+    expect(afterTurnStep(at({ state: 'STOPPING' }), 1_000)).toEqual({ step: 'await_stop' });
+    expect(afterTurnStep(at({ state: 'STOPPED', stopClean: true }), 1_000)).toEqual({ step: 'checkpoint' });
+    expect(afterTurnStep(at({ state: 'STOPPED', stopClean: true, checkpointCovers: true }), 1_000)).toEqual({ step: 'protected' });
+    expect(afterTurnStep(at({ state: 'MIGRATING' }), 1_000)).toEqual({ step: 'protected' });
+  });
+
+  it('says why a group cannot be protected now', () => {
+    expect(afterTurnStep(at({ state: 'STOPPED', stopClean: false }), 1_000)).toEqual({ step: 'unprotected', why: 'stopped_unclean' });
+    expect(afterTurnStep(at({ members: [{ phase: 'RETAINED', exitUnconfirmed: false }, { phase: 'IN_TURN', exitUnconfirmed: false }] }), 1_000)).toEqual({ step: 'unprotected', why: 'turn_in_flight' });
+    expect(afterTurnStep(at({ members: [{ phase: 'UNCONFIRMED', exitUnconfirmed: false }] }), 1_000)).toEqual({ step: 'unprotected', why: 'member_unconfirmed' });
+    expect(afterTurnStep(at({ members: [{ phase: 'RETAINED', exitUnconfirmed: true }] }), 1_000)).toEqual({ step: 'unprotected', why: 'exit_unconfirmed' });
+    expect(afterTurnStep(at({ evacuating: true }), 1_000)).toEqual({ step: 'unprotected', why: 'evacuating' });
+    // Started (or an Exec ran) after the turn: a next turn got in first, its own end saves the group.
+    expect(afterTurnStep(at({ lastActivityAtMs: 2_000 }), 2_000)).toEqual({ step: 'unprotected', why: 'activity_since_turn' });
+    expect(afterTurnStep(at({ state: 'LOST' }), 1_000)).toEqual({ step: 'unprotected', why: 'terminal' });
+    expect(afterTurnStep(at({ state: 'PENDING' }), 1_000)).toEqual({ step: 'unprotected', why: 'not_running' });
   });
 });
 
