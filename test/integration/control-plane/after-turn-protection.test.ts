@@ -1,0 +1,106 @@
+// idle_stop_after 0 on the turn's path (R-G2, R-G3, R-G6) over the real stack: real nats-server, a
+// real dockerd host, a real host agent and a leading ControlPlane. A CompleteTurn answers only once
+// its group is stopped cleanly with a checkpoint of its state, so a runner that holds the answer
+// holds a protected conversation (before, the stop ran off the turn's path and a host death right
+// after the answer lost the group). A checkpoint that fails after the turn does not fail the turn:
+// the answer stands, and the metric and a turn_end_unprotected event say the group is not protected
+// yet. The fleet's default is `never` here, so nothing but the completion stops the groups.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { Unavailable } from '../../../src/core/index.ts';
+import { FleetMetrics } from '../../../src/observability/metrics.ts';
+import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
+
+/** A `claude -p` turn per exec: the CLI process exited and the runner saw it exit. */
+const EXITED = { ...SUCCESS, processExited: true, exitConfirmed: true };
+
+let fleet: Fleet;
+let plane: ControlPlane;
+const metrics = new FleetMetrics();
+let n = 0;
+const key = () => `after-turn-${++n}`;
+
+beforeAll(async () => {
+  fleet = await startFleet(1, { idleStopAfterMs: 'never', idleStopStartGraceMs: 60_000 });
+  plane = await fleet.startPlane({ metrics });
+  await fleet.startAgentOn('host-a', 0);
+  await fleet.waitFor('host-a READY', async () => ((await fleet.host('host-a')).lifecycle.state === 'READY' ? true : undefined));
+}, 180_000);
+
+afterAll(async () => {
+  await fleet?.cleanup();
+});
+
+async function open(conversationId: string, idleStopAfterMs: number | 'never') {
+  const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: 'claude_code' }], idleStopAfterMs });
+  return group.groupId;
+}
+
+/** The stored record right now: stopped cleanly, with a checkpoint of exactly its state? */
+async function protectedNow(groupId: string): Promise<boolean> {
+  const g = await fleet.group(groupId);
+  if (g.lifecycle.state !== 'STOPPED' || g.lifecycle.stop?.clean !== true || g.latestCheckpointId === undefined) return false;
+  return (await plane.ctx.checkpoints.get(groupId, g.latestCheckpointId))?.activityVersion === g.lifecycle.activityVersion;
+}
+
+async function idleStops(result: string): Promise<number> {
+  return (await metrics.registry.getSingleMetric('sandboxfleet_idle_stops_total')?.get())?.values.find((v) => v.labels.result === result)?.value ?? 0;
+}
+
+describe('idle_stop_after 0: the completion answers once the group is protected', () => {
+  it('CompleteTurn answers with the group already stopped cleanly and checkpointed; a repeat answers the same; the next turn is RESTORED', async () => {
+    const g = await open('conv-after-turn', 0);
+    for (let i = 0; i < 2; i++) {
+      const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+      expect(begun.contextState).toBe(i === 0 ? 'NEW' : 'RESTORED');
+      await fleet.writeSession(begun.hostId, begun.containerId, 'sess-after');
+      const input = { idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-after', evidence: EXITED };
+      const done = await plane.runner.completeTurn(input);
+      // No waiting: the answer itself means protected.
+      expect(await protectedNow(g)).toBe(true);
+      expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-after', nextContextState: 'RESTORED' });
+      expect(await plane.runner.completeTurn(input)).toEqual(done);
+    }
+    expect(await idleStops('stopped')).toBeGreaterThanOrEqual(2);
+  });
+
+  it('a setting other than 0 leaves the group running at the answer', async () => {
+    const g = await open('conv-after-never', 'never');
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-never');
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-never', evidence: EXITED });
+    expect((await fleet.group(g)).lifecycle.state).toBe('RUNNING');
+  });
+
+  it('a checkpoint that fails after the turn: the turn is answered completed, reported unprotected, and the next completion protects it (seam: the agent client refuses checkpoint commands)', async () => {
+    const g = await open('conv-after-fail', 0);
+    const agents = plane.ctx.agents;
+    const real = agents.send.bind(agents);
+    const failing: typeof agents.send = (target, commandId, body, expect, timeoutMs) => (body.$case === 'checkpoint'
+      ? Promise.reject(new Unavailable('host_unreachable', 'checkpoint refused by the test seam'))
+      : real(target, commandId, body, expect, timeoutMs));
+    const failedBefore = await idleStops('failed');
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-fail');
+    (agents as { send: typeof agents.send }).send = failing;
+    let done;
+    try {
+      done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-fail', evidence: EXITED });
+    } finally {
+      (agents as { send: typeof agents.send }).send = real;
+    }
+    expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-fail' });
+    const rec = await fleet.group(g);
+    expect(rec.lifecycle.state).toBe('STOPPED');
+    expect(await protectedNow(g)).toBe(false);
+    expect(await idleStops('failed')).toBe(failedBefore + 1);
+    const events = (await fleet.store.events.read({ subjectKind: 'group', subjectId: g, limit: 100 })).events.map((e) => e.event);
+    expect(events.find((e) => e.type === 'turn_end_unprotected')).toMatchObject({ reason: 'failed', detail: { memberId: 'm1', turnId: begun.turnId } });
+    // The next turn (the seam gone) starts it again and its completion protects it.
+    const next = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    expect(next.contextState).toBe('RESTORED');
+    await fleet.writeSession(next.hostId, next.containerId, 'sess-fail');
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: next.turnId, observedLocator: 'sess-fail', evidence: EXITED });
+    expect(await protectedNow(g)).toBe(true);
+  });
+});
