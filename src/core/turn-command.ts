@@ -51,7 +51,12 @@ export interface TurnCommandInput {
   readonly model: string;
 }
 
-export const MAX_PROMPT_BYTES = 256 * 1024;
+/**
+ * Claude Code and Pi take the prompt as one command-line argument, and Linux refuses an argument
+ * of MAX_ARG_STRLEN (128 KiB) bytes or more, its terminating NUL included: a longer prompt would
+ * pass validation and then fail to start ("Argument list too long"), so it is refused up front.
+ */
+export const MAX_PROMPT_BYTES = 128 * 1024 - 1;
 const MODEL = /^[A-Za-z0-9._:/-]{1,128}$/;
 
 /** CLIs whose turns the fleet can run itself (OpenCode and Kilo need the live bridge, R-S7). */

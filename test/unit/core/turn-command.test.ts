@@ -4,8 +4,9 @@
 // stdin, never into argv, so it cannot become the `resume` subcommand either); the kept process's
 // identity leaves out the resumed locator (a RESTORED process is started the same way) but not the
 // model. Codex runs one process per turn only.
+import { execFileSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { RUNNABLE_CLIS, buildTurnCommand, buildTurnProcessCommand, keepsTurnProcess, turnInput, type CliProfile } from '../../../src/core/index.ts';
+import { MAX_PROMPT_BYTES, RUNNABLE_CLIS, buildTurnCommand, buildTurnProcessCommand, keepsTurnProcess, turnInput, type CliProfile } from '../../../src/core/index.ts';
 
 const profile: CliProfile = { binary: '/usr/local/bin/claude', env: { ANTHROPIC_BASE_URL: 'http://127.0.0.1:1' } };
 const LOC = '11111111-2222-4333-8444-555555555555';
@@ -50,6 +51,20 @@ describe('Codex, one `codex exec --json` process per turn', () => {
     expect(() => buildTurnCommand('codex', codex, { prompt: 'hi', locator: undefined, model: 'x y' })).toThrow(expect.objectContaining({ reason: 'invalid_characters' }));
     expect(buildTurnCommand('claude_code', profile, { prompt: 'hi', locator: undefined, model: '' }).stdin).toBeUndefined();
     expect(() => buildTurnCommand('opencode', profile, { prompt: 'hi', locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'cli_unsupported' }));
+  });
+});
+
+describe('the longest prompt', () => {
+  it('is one command-line argument Linux still takes (Claude Code and Pi get it in argv); one byte more is refused before anything starts', () => {
+    const longest = 'p'.repeat(MAX_PROMPT_BYTES);
+    const argv = buildTurnCommand('claude_code', profile, { prompt: longest, locator: undefined, model: '' }).argv;
+    expect(argv.at(-1)).toBe(longest);
+    // A real execve with that argument (the kernel's MAX_ARG_STRLEN, not a number restated here).
+    expect(() => execFileSync('/bin/true', [argv.at(-1)!])).not.toThrow();
+    expect(() => execFileSync('/bin/true', [`${longest}p`])).toThrow(/E2BIG|too long/);
+    expect(() => buildTurnCommand('pi', profile, { prompt: `${longest}p`, locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'out_of_range' }));
+    // Bytes, not characters: a multi-byte character counts for its bytes.
+    expect(() => buildTurnCommand('pi', profile, { prompt: `${'p'.repeat(MAX_PROMPT_BYTES - 1)}é`, locator: undefined, model: '' })).toThrow(expect.objectContaining({ reason: 'out_of_range' }));
   });
 });
 

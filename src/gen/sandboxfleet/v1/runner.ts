@@ -272,7 +272,10 @@ export interface RunTurnRequest {
   idempotencyKey: string;
   groupId: string;
   memberId: string;
-  /** The user's message, 1 byte .. 256 KiB of UTF-8. */
+  /**
+   * The user's message, 1 .. 131,071 bytes of UTF-8 (a CLI that takes it on its command line gets
+   * it as one argument, and Linux refuses an argument of 128 KiB or more, its NUL included).
+   */
   prompt: string;
   /** As BeginTurnRequest.locator: absent = the saved one (R-S3). */
   locator?:
