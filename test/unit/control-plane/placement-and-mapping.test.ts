@@ -75,4 +75,9 @@ describe('keys and config', () => {
     expect(() => loadControlPlaneConfig({ SANDBOXFLEET_HEARTBEAT_INTERVAL_MS: '5000', SANDBOXFLEET_HEARTBEAT_TTL_MS: '4000' })).toThrow(/heartbeatTtlMs/);
     expect(ControlPlaneConfigSchema.safeParse({ restoreMaxAttempts: 0 }).success).toBe(false);
   });
+  it('takes a Codex CLI profile, but not one that keeps its process between turns (one codex exec per turn)', () => {
+    const c = loadControlPlaneConfig({ SANDBOXFLEET_CLI_PROFILES: JSON.stringify({ codex: { binary: 'codex', env: {}, keepProcess: false } }) });
+    expect(c.cliProfiles.codex?.binary).toBe('codex');
+    expect(() => loadControlPlaneConfig({ SANDBOXFLEET_CLI_PROFILES: JSON.stringify({ codex: { binary: 'codex', env: {}, keepProcess: true } }) })).toThrow(/keepProcess/);
+  });
 });
