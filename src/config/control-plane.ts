@@ -134,8 +134,9 @@ export const ControlPlaneConfigSchema = z.object({
   /**
    * Idle auto-stop (R-G2, R-G3, R-G6): a RUNNING group with no turn in flight, every member's last
    * process exit confirmed and no activity for this long is stopped cleanly and checkpointed, so it
-   * survives the loss of its host (a running group does not). 0 = right after every completed turn;
-   * `never` turns it off. A group's own OpenGroup setting wins.
+   * survives the loss of its host (a running group does not). 0 = right after every completed turn,
+   * on the turn's path: CompleteTurn (and RunTurn's end) answers only once the group is stopped and
+   * checkpointed; `never` turns it off. A group's own OpenGroup setting wins.
    */
   idleStopAfterMs: z.preprocess((v) => (typeof v === 'string' && v.trim().toLowerCase() === 'never' ? 'never' : v), z.union([z.literal('never'), durationMs(0, 7 * 24 * 3_600_000)])).default(600_000),
   /** A group started with no turn completed since is not idle-stopped before this (its turn must begin). */
