@@ -521,10 +521,12 @@ export class HostRegistry {
     if (this.#fencedAt.size > 10_000) this.#fencedAt.delete(this.#fencedAt.keys().next().value as string);
     const state = host?.lifecycle.state;
     // A host that left on purpose (drained, removed, its node deleted or reclaimed) stays out until
-    // its agent is restarted, like a cordoned node; a host declared DEAD (silence, lost data) or a
-    // stale epoch registers again at once.
-    const retired = host !== undefined && epoch === host.lifecycle.epoch && state === 'REMOVED' && host.lifecycle.goingAway !== undefined && PLANNED_SOURCES.has(host.lifecycle.goingAway);
-    const reason: FencedNoticeReason = host === undefined ? 'unknown_host' : epoch < host.lifecycle.epoch ? 'stale_epoch' : retired ? 'host_retired' : state === 'DEAD' ? 'host_dead' : state === 'REMOVED' ? 'host_removed' : 'stale_epoch';
+    // its agent is restarted, like a cordoned node; a host declared DEAD (silence, lost data)
+    // registers again at once. The host's state decides for an older epoch too: 'stale_epoch' means
+    // a newer epoch is LIVE — the agent tells a lost race of its own from another process holding
+    // the host (it then stands by), and learns from host_dead/host_removed when that one has ended.
+    const retired = host !== undefined && state === 'REMOVED' && host.lifecycle.goingAway !== undefined && PLANNED_SOURCES.has(host.lifecycle.goingAway);
+    const reason: FencedNoticeReason = host === undefined ? 'unknown_host' : retired ? 'host_retired' : state === 'DEAD' ? 'host_dead' : state === 'REMOVED' ? 'host_removed' : 'stale_epoch';
     await this.ctx.events.record({
       subjectKind: 'host', subjectId: hostId, type: 'host_report_fenced', toState: state, reason, version: `${epoch}:${host?.lifecycle.epoch ?? 0}:${Math.floor(now / 60_000)}`,
       detail: { kind, reportedEpoch: epoch, currentEpoch: host?.lifecycle.epoch ?? 0 },

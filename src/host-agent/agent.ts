@@ -2,7 +2,11 @@
 // naming the group copies it holds, acts on the control plane's verdict for each (delete only on
 // the positive proof the verdict carries, R-H6, R-R6), executes fenced commands from the control
 // plane, and heartbeats its inventory. Told that its reports are fenced (a zombie back from a
-// freeze or partition), it stops taking commands of that epoch and registers again by itself.
+// freeze or partition), it stops taking commands of that epoch and registers again by itself —
+// unless the host's live epoch is newer and was certainly not granted to this process (another
+// agent process registered the host): then it stands by, taking no work and not registering, until
+// that registration ends (DEAD or REMOVED). Registering again at once would fence the other process,
+// which would register again in turn: two processes fencing each other in a loop.
 // Lifecycle, each state saying what holds in it:
 //   NEW         constructed; nothing touched.
 //   REGISTERING attested; waiting for a RegistrationAck (retrying with backoff). No commands yet.
@@ -77,6 +81,10 @@ export class HostAgent {
   private retired = false;
   /** A re-registration under way (a fenced notice starts one; repeats join it). */
   private reregistering: Promise<RegistrationAck> | undefined;
+  /** Attempts the latest registration took: after one, no other attempt of ours can have been granted later. */
+  private registrationAttempts = 0;
+  /** The epoch this process holds while another process's newer registration is live (standing by). */
+  private supersededEpoch: number | undefined;
 
   constructor(private readonly deps: HostAgentDeps) {
     this.nowMs = deps.nowMs ?? Date.now;
@@ -226,6 +234,16 @@ export class HostAgent {
     // Processes started for the fenced epoch must not go on writing into layers.
     this.execs?.cancelAll();
     this.agentMetrics.fencedNotices.inc({ reason: notice.reason.slice(0, 32) || 'unspecified' });
+    // A newer epoch is live (not DEAD or REMOVED: those come as host_dead/host_removed). If our last
+    // registration was answered at its first attempt, no registration of ours can have been granted
+    // after it: another process holds the host. Stand by; heartbeats of the old epoch go on, and
+    // the notice that answers them says when that registration has ended.
+    if (notice.reason === 'stale_epoch' && notice.currentEpoch > reportedEpoch && this.registrationAttempts === 1) {
+      if (this.supersededEpoch === reportedEpoch) return;
+      this.supersededEpoch = reportedEpoch;
+      this.log.error({ epoch: reportedEpoch, currentEpoch: notice.currentEpoch }, 'superseded: another agent process registered this host with a newer epoch; this one takes no work and stands by until that registration ends');
+      return;
+    }
     if (notice.reason === 'host_retired') {
       // Drained or removed on purpose: stay out (no commands, no heartbeats) until restarted.
       if (this.retired) return;
@@ -287,13 +305,19 @@ export class HostAgent {
   private async registerOnce(groups: GroupOps): Promise<RegistrationAck> {
     const { config } = this.deps;
     this.copies = await this.groupCopies();
+    let attempts = 0;
     const ack = await register(this.deps.nc, () => this.registration(), {
       timeoutMs: config.registerTimeoutMs,
       maxBackoffMs: config.registerMaxBackoffMs,
       logger: this.log,
       signal: this.abort.signal,
-      onAttempt: (r) => this.agentMetrics.registrations.inc({ result: r }),
+      onAttempt: (r) => {
+        attempts += 1;
+        this.agentMetrics.registrations.inc({ result: r });
+      },
     });
+    this.registrationAttempts = attempts;
+    this.supersededEpoch = undefined;
     this.fence.setEpoch(ack.hostEpoch);
     this.ack = ack;
     if (!ack.admitted) {
