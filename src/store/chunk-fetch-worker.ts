@@ -7,9 +7,11 @@
 // copied once out of the client's receive buffer and moved (transferred) to the consumer, who may
 // move it on: memory is freed by whoever holds it last, not whenever every thread has collected a
 // shared buffer (with shared memory here a 1 GiB restore peaked at 1.5 GiB RSS, measured).
-// Pooled (issue #17): starting a worker and its connection costs 50-200 ms (measured here), a
-// large part of restoring a small layer, so one idle worker per connection is kept for IDLE_MS
-// (unref'd); a job that failed or was abandoned terminates its worker instead.
+// Two workers fetch in parallel, each every other chunk (issue #17): one alone is CPU-bound in the
+// NATS client's receive path and sha256, and was the slowest stage of a restore's first pass.
+// Pooled: starting a worker and its connection costs 50-200 ms (measured here), a large part of
+// restoring a small layer, so idle workers are kept for IDLE_MS (unref'd); a job that failed or was
+// abandoned terminates its worker instead.
 //
 // Its connection creates no stack trace per request (`noAsyncTraces`: one per chunk otherwise).
 // The worker is plain CommonJS evaluated from a string (like sha256-pool.ts), so it runs the same
@@ -30,9 +32,11 @@ export interface WorkerFetchOptions {
   readonly stream: string;
   /** Direct gets outstanding at once. */
   readonly maxInFlight: number;
-  /** Verified chunks the worker may deliver ahead of the consumer (bounded memory). */
+  /** Verified chunks the workers may deliver ahead of the consumer (bounded memory). */
   readonly aheadChunks?: number;
   readonly timeoutMs?: number;
+  /** Workers fetching in parallel, each every n-th chunk (default 2: one alone is CPU-bound in the client's receive path). */
+  readonly workers?: number;
 }
 
 const IDLE_MS = 30_000;
@@ -93,7 +97,9 @@ type WorkerMessage =
   | { op: 'done'; id: number }
   | { op: 'error'; id: number; reason: string; message: string };
 
-let idle: { key: string; worker: Worker; timer: NodeJS.Timeout } | undefined;
+/** Idle workers kept for the next jobs (as many as one job uses). */
+const idle: { key: string; worker: Worker; timer: NodeJS.Timeout }[] = [];
+const MAX_IDLE = 2;
 let nextJob = 1;
 
 function connectionKey(options: WorkerFetchOptions): string {
@@ -101,9 +107,9 @@ function connectionKey(options: WorkerFetchOptions): string {
 }
 
 function acquire(options: WorkerFetchOptions, key: string): Worker {
-  if (idle !== undefined && idle.key === key) {
-    const { worker, timer } = idle;
-    idle = undefined;
+  const i = idle.findIndex((w) => w.key === key);
+  if (i >= 0) {
+    const { worker, timer } = idle.splice(i, 1)[0]!;
     clearTimeout(timer);
     worker.ref();
     return worker;
@@ -122,23 +128,55 @@ function acquire(options: WorkerFetchOptions, key: string): Worker {
 }
 
 function release(worker: Worker, key: string, reusable: boolean): void {
-  if (!reusable || idle !== undefined) {
+  if (!reusable || idle.length >= MAX_IDLE) {
     void worker.terminate();
     return;
   }
   worker.unref();
-  const timer = setTimeout(() => {
-    if (idle?.worker === worker) idle = undefined;
-    void worker.terminate();
-  }, IDLE_MS);
-  timer.unref();
-  idle = { key, worker, timer };
+  const entry = {
+    key,
+    worker,
+    timer: setTimeout(() => {
+      const at = idle.indexOf(entry);
+      if (at >= 0) idle.splice(at, 1);
+      void worker.terminate();
+    }, IDLE_MS),
+  };
+  entry.timer.unref();
+  idle.push(entry);
 }
 
 // The whole-layer digest (of a version-1 layer) stays on the consumer's thread: hashing it in the
 // worker too made the worker the bottleneck (measured: ~1.0 s versus ~0.88 s for a 200 MiB layer).
-/** Verified chunks in order, fetched on a worker thread (see the file header); abandoning the iteration stops it. */
+/**
+ * Verified chunks in order, fetched on worker threads (see the file header), each worker every
+ * n-th chunk; abandoning the iteration stops them.
+ */
 export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: WorkerFetchOptions): AsyncGenerator<Buffer> {
+  const n = Math.max(1, Math.min(options.workers ?? 2, refs.length));
+  if (n === 1) {
+    yield* fetchInOneWorker(refs, options);
+    return;
+  }
+  const share = (x: number): number => Math.max(1, Math.ceil(x / n));
+  const streams = Array.from({ length: n }, (_, w) =>
+    fetchInOneWorker(
+      refs.filter((_, i) => i % n === w),
+      { ...options, maxInFlight: share(options.maxInFlight), aheadChunks: share(options.aheadChunks ?? 32) },
+    ),
+  );
+  try {
+    for (let i = 0; i < refs.length; i++) {
+      const next = await streams[i % n]!.next();
+      if (next.done === true) throw new ChunkStoreError('transfer_failed', `chunk fetch ended before chunk ${i} of ${refs.length}`);
+      yield next.value;
+    }
+  } finally {
+    await Promise.allSettled(streams.map((s) => s.return(undefined)));
+  }
+}
+
+async function* fetchInOneWorker(refs: readonly ChunkRef[], options: WorkerFetchOptions): AsyncGenerator<Buffer> {
   if (refs.length === 0) return;
   const key = connectionKey(options);
   const worker = acquire(options, key);
@@ -177,6 +215,9 @@ export async function* fetchChunksInWorker(refs: readonly ChunkRef[], options: W
       if (m.index !== delivered) throw new ChunkStoreError('transfer_failed', `chunk ${m.index} arrived out of order (expected ${delivered})`);
       delivered += 1;
       worker.postMessage({ op: 'consumed', id, count: delivered });
+      // Every chunk delivered: the worker is done with this job (its `done` may come after the
+      // consumer stopped asking) and may serve the next one.
+      if (delivered === refs.length) finished = true;
       yield Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength);
     }
   } finally {

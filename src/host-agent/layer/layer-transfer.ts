@@ -28,6 +28,8 @@ export interface FetchLayerOptions {
    * fetch overlaps parsing and extraction on this thread (measured: bench/checkpoint).
    */
   readonly fetchWorker?: WorkerConnection;
+  /** Fetch workers in parallel, each every n-th chunk (default: chunk-fetch-worker.ts's). */
+  readonly fetchWorkers?: number;
   /**
    * The host's chunk cache (chunk-cache.ts): pass 1 reads what it holds and stores what it fetched,
    * pass 2 reads it back. Without one, pass 2 fetches the layer from the store again.
@@ -139,7 +141,7 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
     missing.length === 0
       ? undefined
       : options.fetchWorker
-        ? fetchChunksInWorker(missing, { servers: options.fetchWorker.servers, auth: options.fetchWorker.auth, stream: store.chunkStream, maxInFlight: inFlight })
+        ? fetchChunksInWorker(missing, { servers: options.fetchWorker.servers, auth: options.fetchWorker.auth, stream: store.chunkStream, maxInFlight: inFlight, ...(options.fetchWorkers !== undefined ? { workers: options.fetchWorkers } : {}) })
         : store.read(missing, inFlight, options.offThreadHash === true ? { digest: digestOff, shared: true } : {});
   const reads = new Map<number, Promise<Buffer | undefined>>();
   /** Chunks in order, each with the cache write that still reads it (yielded once that is done). */
