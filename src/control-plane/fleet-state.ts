@@ -240,8 +240,10 @@ export class FleetState {
   readonly #groupListeners: Listener<GroupRecord>[] = [];
   readonly #hostListeners: Listener<HostRecord>[] = [];
   #timer: NodeJS.Timeout | undefined;
+  readonly #revisionCheckMs: number;
 
-  constructor(sources: FleetStateSources, private readonly logger: Logger, private readonly metrics?: FleetMetrics) {
+  constructor(sources: FleetStateSources, private readonly logger: Logger, private readonly metrics?: FleetMetrics, opts: { readonly revisionCheckMs?: number } = {}) {
+    this.#revisionCheckMs = opts.revisionCheckMs ?? REVISION_CHECK_MS;
     this.#hosts = new BucketMirror(sources.hosts, (k, b, a) => this.#hostChanged(k, b?.value, a?.value), logger, (h) => h);
     this.#groups = sources.groups.map((repo) => new BucketMirror(repo, (k, b, a) => this.#groupChanged(k, b?.value, a?.value), logger, projectGroup,
       (k, invalid, lastValid) => this.#groupInvalidChanged(k, invalid, lastValid)));
@@ -255,7 +257,7 @@ export class FleetState {
   /** Start following the buckets; resolves when the model holds everything the store held at start. */
   async start(): Promise<void> {
     for (const m of this.#mirrors()) m.start();
-    this.#timer = setInterval(() => void this.#checkProgress(), REVISION_CHECK_MS);
+    this.#timer = setInterval(() => void this.#checkProgress(), this.#revisionCheckMs);
     this.#timer.unref?.();
     // Starting up waits as long as catching up takes (the replica is not ready before).
     await this.sync({ timeoutMs: Infinity });

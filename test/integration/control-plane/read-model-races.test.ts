@@ -100,6 +100,8 @@ async function deleteRawGroup(groupId: string): Promise<void> {
  */
 class WatchFailingRepository<T> {
   beforeNextWatch: (() => Promise<void>) | undefined;
+  /** Each change the next watches deliver waits this long first (a slow catch-up). */
+  deliveryDelayMs = 0;
   #fail: (() => void) | undefined;
 
   constructor(private readonly real: KvRepository<T>) {}
@@ -139,6 +141,7 @@ class WatchFailingRepository<T> {
       for (;;) {
         const r = await Promise.race([it.next(), failed]);
         if (r.done === true) return;
+        if (this.deliveryDelayMs > 0) await sleep(this.deliveryDelayMs);
         yield r.value;
       }
     } finally {
@@ -184,6 +187,28 @@ describe('read model: a watch restart', () => {
     expect(fleet.host(Keys.host('wr-2'))).toBeUndefined();
     expect(fleet.host(Keys.host('wr-3'))).toBeDefined();
   }, 30_000);
+});
+
+describe('read model: the stall check', () => {
+  it('does not restart a watch that is slowly re-delivering a bucket after a restart (seam: a watch made to fail, then slow)', async () => {
+    for (let i = 0; i < 30; i++) await repos.hosts.create(Keys.host(`st-${i}`), host(`st-${i}`));
+    const seam = new WatchFailingRepository(repos.hosts);
+    const fleet = new FleetState({ hosts: seam as unknown as KvRepository<HostRecord>, groups: repos.groups.parts, checkpoints: repos.checkpoints }, silentLogger(), undefined, { revisionCheckMs: 250 });
+    cleanups.push(() => fleet.stop());
+    await fleet.start();
+    // While the watch reopens, st-0 is written: the stream is ahead of the model until the new watch,
+    // 60 ms a change, has re-delivered every host (~2 s, eight checks).
+    let rewritten = 0;
+    seam.beforeNextWatch = async () => {
+      const cur = (await repos.hosts.get(Keys.host('st-0')))!;
+      rewritten = await repos.hosts.update(Keys.host('st-0'), { ...cur.value, updatedAtMs: cur.value.updatedAtMs + 1 }, cur.revision);
+    };
+    seam.deliveryDelayMs = 60;
+    const restarts = fleet.watchRestarts;
+    seam.failWatch();
+    await until('the write made while the watch reopened', () => rewritten > 0 && fleet.host(Keys.host('st-0'))?.revision === rewritten, 20_000);
+    expect(fleet.watchRestarts, 'restarted again while catching up').toBe(restarts + 1);
+  }, 40_000);
 });
 
 describe('read model: change listeners', () => {
