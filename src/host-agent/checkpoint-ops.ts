@@ -43,7 +43,7 @@ import { coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpo
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
 import { discoverSessionFiles } from './session-discovery.ts';
 import { NATIVE_SESSION_LAYOUTS, SESSION_HOMES } from '../core/native-session-layout.ts';
-import type { CliKind } from '../core/turn-end-evidence.ts';
+import { CLI_KINDS, type CliKind } from '../core/turn-end-evidence.ts';
 import { isoToMs } from './wire.ts';
 import { cliKindName, coreCliKind } from '../wire/cli-kind.ts';
 
@@ -361,7 +361,7 @@ export class CheckpointOps {
           created.push(c.id);
           const upper = await runtime.upperDir(c.id);
           await extractVerifiedLayer(verified[i]!, store, upper, layerOptions); // applied BEFORE any start (R-G5)
-          const found = await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator);
+          const found = [...(await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator)), ...unnamedSessionProblem(m)];
           problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
           members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });
         } catch (err) {
@@ -383,4 +383,16 @@ export class CheckpointOps {
       for (const v of verified) v.release();
     }
   }
+}
+
+/**
+ * A manifest that names a saved session but no session file proves nothing about it: for a CLI
+ * whose layout is verified, capture never writes one (it refuses `session_files_missing`), so such
+ * a manifest is damaged or forged and the restore is not proven.
+ */
+function unnamedSessionProblem(m: CoreManifest['members'][number]): SessionFileProblem[] {
+  if (m.savedLocator === null || m.nativeSessionPaths.length > 0) return [];
+  const kind = CLI_KINDS.find((k) => k === m.cliKind.replaceAll('-', '_'));
+  if (kind === undefined || !NATIVE_SESSION_LAYOUTS[kind].enforced) return [];
+  return [{ path: `(no ${kind} session file named for ${m.savedLocator})`, problem: 'missing' }];
 }

@@ -111,6 +111,7 @@ describe('checkpoint on host A, restore on host B', () => {
   let evidence: CleanStopEvidence;
   let manifest: CheckpointManifest;
   let badManifest: CheckpointManifest;
+  let unnamedManifest: CheckpointManifest;
 
   it('creates and runs a member, then changes its writable layer', async () => {
     const created = ok(await onA(1, { $case: 'createGroup', value: { groupId: GROUP, conversationId: 'conv-1', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE }], imageRef: image.reference, imageDigest: image.imageId } }), 'createGroup');
@@ -196,7 +197,11 @@ describe('checkpoint on host A, restore on host B', () => {
     const chunks = await ChunkStore.open(nc);
     const planted = { ...fromWireManifest(manifest), checkpointId: 'cp-bad' };
     await chunks.putManifest({ ...planted, members: planted.members.map((m) => ({ ...m, savedLocator: 'not-the-session', nativeSessionPaths: [HISTORY, GONE] })) });
-    badManifest = toWireManifest(await chunks.getManifest('host-a', GROUP, 'cp-bad'), { baseImageRef: manifest.baseImageRef, activityVersion: 12, lastCompletedTurnId: 'turn-7', cleanStop, sourceContainerIds: new Map([['claude', sourceId]]), entryCounts: new Map([['claude', member!.layer!.entryCount]]) });
+    const wire = (m: Parameters<typeof toWireManifest>[0]) => toWireManifest(m, { baseImageRef: manifest.baseImageRef, activityVersion: 12, lastCompletedTurnId: 'turn-7', cleanStop, sourceContainerIds: new Map([['claude', sourceId]]), entryCounts: new Map([['claude', member!.layer!.entryCount]]) });
+    badManifest = wire(await chunks.getManifest('host-a', GROUP, 'cp-bad'));
+    // And one naming the saved session but no file at all: nothing to prove is not a proof.
+    await chunks.putManifest({ ...planted, checkpointId: 'cp-unnamed', members: planted.members.map((m) => ({ ...m, nativeSessionPaths: [] })) });
+    unnamedManifest = wire(await chunks.getManifest('host-a', GROUP, 'cp-unnamed'));
   });
 
   it('writes no manifest when the deadline passes during the capture (R-G7: GC relies on it)', async () => {
@@ -239,6 +244,13 @@ describe('checkpoint on host A, restore on host B', () => {
     expect(r.message).toContain('gone.jsonl:missing');
     const value = r.result?.$case === 'restore' ? r.result.value : undefined;
     expect(value?.verified).toBe(false);
+    expect(await new DockerRuntime(hostB!.docker).listMembers(GROUP)).toEqual([]);
+  });
+
+  it('fails the cold-start check when the manifest names the saved session but no session file (a verified layout always has one)', async () => {
+    const r = await onB(2, { $case: 'restore', value: { groupId: GROUP, manifest: unnamedManifest } });
+    expect(r).toMatchObject({ outcome: CommandOutcome.FAILED, reason: 'session_files_missing' });
+    expect(r.message).toContain(`no claude_code session file named for ${SESSION}`);
     expect(await new DockerRuntime(hostB!.docker).listMembers(GROUP)).toEqual([]);
   });
 
