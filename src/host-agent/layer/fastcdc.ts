@@ -13,6 +13,13 @@ export interface ChunkerOptions {
 
 /** Max-size chunks per slab (8 → ~8 MiB slabs, ~14 chunks of the ~590 KiB mean each). */
 const SLAB_CHUNKS = 8;
+/**
+ * A slab's byte for stream offset p sits at an address ≡ p (mod SLAB_ALIGN), as the input's bytes
+ * do (tar pipe reads, 512-byte tar blocks, file blocks). Copies into shared memory (slabs of the
+ * publish worker) go word by word only when source and target are aligned alike, byte by byte
+ * otherwise: ~4x slower (measured: 58 versus 15 ms per 200 MiB).
+ */
+const SLAB_ALIGN = 8;
 
 /** 128 KiB / 512 KiB / 1000 KiB: ~400 chunks for 200 MiB, max fits a 1 MiB NATS message. */
 export const DEFAULT_CHUNKER_OPTIONS: ChunkerOptions = Object.freeze({ minSize: 128 * 1024, avgSize: 512 * 1024, maxSize: 1000 * 1024 });
@@ -53,6 +60,8 @@ export class FastCdcChunker {
   /** Chunks are carved out of slabs of SLAB_CHUNKS × max bytes: few allocations, no tail copies. */
   private slab: Buffer;
   private base = 0;
+  /** Stream offset of buf[0] (the current chunk's first byte), for the slab alignment. */
+  private chunkStart = 0;
   /** The chunk being filled: slab[base, base + max). */
   private buf: Buffer;
   private fill = 0;
@@ -76,7 +85,7 @@ export class FastCdcChunker {
     this.max = maxSize;
     this.maskS = topMask(bits + 2);
     this.maskL = topMask(bits - 2);
-    this.slab = this.allocate(maxSize * SLAB_CHUNKS);
+    this.slab = this.allocate(maxSize * SLAB_CHUNKS + SLAB_ALIGN);
     this.buf = this.slab.subarray(0, maxSize);
   }
 
@@ -142,13 +151,15 @@ export class FastCdcChunker {
   private cutAt(cut: number): Buffer {
     const chunk = this.buf.subarray(0, cut);
     const start = this.base + cut;
+    this.chunkStart += cut;
     if (start + this.max <= this.slab.length) {
       this.base = start;
     } else {
-      const slab = this.allocate(this.max * SLAB_CHUNKS);
-      this.slab.copy(slab, 0, start, this.base + this.fill);
+      const slab = this.allocate(this.max * SLAB_CHUNKS + SLAB_ALIGN);
+      const base = this.chunkStart % SLAB_ALIGN;
+      this.slab.copy(slab, base, start, this.base + this.fill);
       this.slab = slab;
-      this.base = 0;
+      this.base = base;
     }
     this.buf = this.slab.subarray(this.base, this.base + this.max);
     this.fill -= cut;

@@ -71,6 +71,19 @@ describe('FastCdcChunker', () => {
     expect(chunk(input, 100_000).map((c) => c.length)).toEqual([611802, 764568, 826541, 226384, 603009, 997607, 577442, 621653, 290252, 1024000, 1024000, 821350]);
   });
 
+  it('places each chunk at an address aligned as its stream offset (word-wise copies into shared slabs)', () => {
+    const c = new FastCdcChunker(DEFAULT_CHUNKER_OPTIONS, (size) => Buffer.from(new SharedArrayBuffer(size)));
+    const chunks: Buffer[] = [];
+    for (let i = 0; i < data.length; i += 65536) chunks.push(...c.push(data.subarray(i, i + 65536)));
+    chunks.push(c.finish()!);
+    let offset = 0;
+    for (const ch of chunks) {
+      expect((((ch.byteOffset - offset) % 8) + 8) % 8).toBe(0);
+      offset += ch.length;
+    }
+    expect(offset).toBe(data.length);
+  });
+
   it('refuses inconsistent sizes', () => {
     expect(() => new FastCdcChunker({ minSize: 10, avgSize: 5, maxSize: 20 })).toThrow(RangeError);
   });
