@@ -1,0 +1,43 @@
+// The short seeded chaos set CI runs on every change (the soak runs ≥ 200 schedules: scripts/soak;
+// replay one: `npm run chaos -- --seed N`). A 3-node NATS cluster with everything R3, two
+// control-plane replicas, the agent binary on 3 dockerd hosts; each seed below is a live workload
+// through the runner API under 1-3 seeded faults (NATS node SIGKILL + restart, NATS node SIGSTOP,
+// leader replica crash, agent SIGKILL, agent SIGSTOP, a byte flipped in a cached chunk), checked
+// against its history of acknowledged operations (test/chaos/chaos.ts). Seeds that once found a
+// defect stay listed as regression cases.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startClusterFleet, type ClusterFleet } from '../../chaos/cluster-fleet.ts';
+import { FAULT_KINDS, planSchedule, readyFleet, runSchedule } from '../../chaos/chaos.ts';
+
+/** Seeds whose plans between them inject every fault kind (checked below). */
+const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,81').split(',').map(Number);
+const DURATION_MS = 15_000;
+
+let fleet: ClusterFleet;
+
+beforeAll(async () => {
+  fleet = await startClusterFleet(3);
+  await readyFleet(fleet);
+}, 300_000);
+
+afterAll(async () => {
+  await fleet?.cleanup();
+}, 120_000);
+
+describe('chaos: short seeded set', () => {
+  it('the seeds between them plan every fault kind', () => {
+    const planned = new Set(SEEDS.flatMap((s) => planSchedule(s, DURATION_MS).faults.map((f) => f.kind)));
+    expect([...FAULT_KINDS].filter((k) => !planned.has(k))).toEqual([]);
+  });
+
+  for (const seed of SEEDS) {
+    it(`seed ${seed}: no invariant violated, every acknowledged turn kept`, async () => {
+      const log: string[] = [];
+      const r = await runSchedule(fleet, planSchedule(seed, DURATION_MS), (s) => log.push(s));
+      console.log(`chaos seed ${seed}: ${r.ackedOperations} acknowledged ops, faults ${r.faults.map((f) => `${f.kind}(${f.target}) recovered in ${f.recoveryS}s`).join(', ')}, ${r.lost} LOST with a reason`);
+      expect(r.violations, `seed ${seed} (replay: npm run chaos -- --seed ${seed})\n${log.join('\n')}`).toEqual([]);
+      expect(r.faults.length).toBe(planSchedule(seed, DURATION_MS).faults.length);
+      expect(r.ackedOpsByKind.complete_turn ?? 0, 'turns acknowledged under faults').toBeGreaterThan(0);
+    }, 420_000);
+  }
+});
