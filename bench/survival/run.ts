@@ -11,8 +11,10 @@
 //      Time is compressed (--compress, default 20): 1 min runs as 3 s, 10 min as 30 s, the gaps as
 //      well, so an hour of conversation fits in a minute; the stop and checkpoint themselves are not
 //      compressed (the figures for the short settings are pessimistic by that much).
-//   2. Turn overhead of idleStopAfter 0: BeginTurn latency of the 0 run (mostly on stopped groups:
-//      container start + attach) against the never run (running groups), p50 and p99.
+//   2. Turn overhead of idleStopAfter 0: what the fleet's calls add to a turn, BeginTurn + CompleteTurn
+//      per completed turn, in the 0 run (the begin restarts the stopped group: container start +
+//      attach; the completion answers after the clean stop and the checkpoint) against the never run
+//      (running groups, nothing stopped), p50 and p99; and each call's own p50/p99.
 //   3. Spot capacity: --spot-groups RUNNING groups of --spot-mib MiB on one host, a --notice-ms
 //      spot notice: spot_groups_saved_30s = clean-stopped and checkpointed off the host before the
 //      deadline (what the host says, cross-checked against the checkpoints' creation times).
@@ -79,8 +81,12 @@ async function main(): Promise<void> {
   const never = runs.never;
   const begins0 = never === undefined ? idle0.beginStoppedMs : [...idle0.beginStoppedMs, ...idle0.beginRunningMs];
   const beginsNever = never?.beginRunningMs ?? idle0.beginRunningMs;
-  const p50Over = percentile(begins0, 50) - percentile(beginsNever, 50);
-  const p99Over = percentile(begins0, 99) - percentile(beginsNever, 99);
+  // A smoke run has no never run: its baseline is the begin on running groups plus a completion that
+  // stops nothing, which it cannot measure; it reports the begin part only.
+  const calls0 = never === undefined ? begins0 : idle0.turnCallsMs;
+  const callsNever = never === undefined ? beginsNever : never.turnCallsMs;
+  const p50Over = percentile(calls0, 50) - percentile(callsNever, 50);
+  const p99Over = percentile(calls0, 99) - percentile(callsNever, 99);
   const restartP50 = percentile(idle0.beginStoppedMs, 50);
   const restartP99 = percentile(idle0.beginStoppedMs, 99);
   const fractions = Object.fromEntries(Object.entries(runs).map(([k, r]) => [k, r.survivedFractionNotMidTurn]));
@@ -91,16 +97,16 @@ async function main(): Promise<void> {
     return [k, {
       idle_stop_after_ms_compressed: r.idleStopAfterMs, victim: r.victim, groups_on_victim: r.groupsOnVictim, death_after_ms: r.deathAfterMs, turns_completed: r.turnsCompleted,
       mid_turn: by((o) => o.midTurn), protected_at_death: by((o) => o.protectedAtDeath), restored: by((o) => o.result === 'restored'), lost: by((o) => o.result === 'lost'),
-      unsettled: by((o) => o.result === 'unsettled'), unprotected_not_mid_turn: r.unprotectedNotMidTurn, lost_reasons: reasons,
+      unsettled: by((o) => o.result === 'unsettled'), unprotected_not_mid_turn: r.unprotectedNotMidTurn, unprotected_reported: r.reportedUnprotected, lost_reasons: reasons,
       survived_fraction_not_mid_turn: r.survivedFractionNotMidTurn, restored_older_than_last_turn: r.restoredOlderThanLastTurn, violations: r.violations,
     }];
   }));
   const notes = [
     `workload: ${CONVERSATIONS} conversations (one Claude Code member each) on 3 dockerd hosts, seed ${SEED}; each turn writes one history line to the member's native session file (as the CLI does) and ends with an exit the runner saw (claude -p per turn); turns last 0.2-1.5 s; idle gaps uniform in [0, ${2 * GAP_MIN}] min, time compressed ${COMPRESS}x (so ${WORKLOAD_MS / 1000} s of wall time = ${Math.round((WORKLOAD_MS * COMPRESS) / 60_000)} min of conversation); the same seed for every setting.`,
     `death: the host holding the most groups, at a random moment in the second half of the workload: agent (child process) and dockerd SIGKILLed, data root deleted. A group survives when it was stopped cleanly with a checkpoint of its state: restored on another host, its next turn RESTORED with the same locator and every completed turn in its session file.`,
-    `idle 0: ${idle0.unprotectedNotMidTurn} of the dead host's ${idle0.groupsOnVictim} groups had no turn in flight and were still unprotected at the death (their stop and checkpoint after the turn had not finished: it runs after CompleteTurn, off the turn's path), so survived_fraction_not_mid_turn_idle0 = ${idle0.survivedFractionNotMidTurn.toFixed(3)}.`,
-    `turn overhead of idle 0: BeginTurn p50 ${percentile(begins0, 50).toFixed(0)} ms / p99 ${percentile(begins0, 99).toFixed(0)} ms (idle 0, ${begins0.length} begins, ${idle0.beginStoppedMs.length} on stopped groups) vs ${percentile(beginsNever, 50).toFixed(0)} / ${percentile(beginsNever, 99).toFixed(0)} ms (${never === undefined ? 'this run\'s begins on running groups' : 'never, running groups'}); a begin on a stopped group (container start + attach, the restart cost) p50 ${restartP50.toFixed(0)} ms, p99 ${restartP99.toFixed(0)} ms. The rest of a turn is the same in both.`,
-    `spot: ${spot.groups} running groups × ${spot.mibPerGroup} MiB on one host, notice ${spot.noticeMs / 1000} s: ${spot.savedBeforeDeadline} clean-stopped and checkpointed off the host before the deadline as the host reported it (${spot.checkpointedWithinNotice} checkpoints created within the notice), all saved after ${spot.allSavedMs === undefined ? 'n/a' : `${(spot.allSavedMs / 1000).toFixed(1)} s`}, all restored elsewhere after ${spot.allRestoredMs === undefined ? 'n/a' : `${(spot.allRestoredMs / 1000).toFixed(1)} s`}; load ${loadAtSpot.map((x) => x.toFixed(2)).join('/')} at its start.`,
+    `idle 0: CompleteTurn answers only once the group is stopped cleanly with a checkpoint of its state, so a conversation not mid-turn for its runner (it holds the answer of its last turn) is protected unless that completion reported it could not be (turn_end_unprotected): ${idle0.unprotectedNotMidTurn} of the dead host's ${idle0.groupsOnVictim} groups had no turn in flight and were unprotected at the death (${idle0.reportedUnprotected} of them reported), ${idle0.outcomes.filter((x) => x.midTurn).length} were mid-turn (a begin, the turn, or its completion's stop and checkpoint under way); survived_fraction_not_mid_turn_idle0 = ${idle0.survivedFractionNotMidTurn.toFixed(3)}.`,
+    `turn overhead of idle 0 (BeginTurn + CompleteTurn per completed turn): p50 ${percentile(calls0, 50).toFixed(0)} ms / p99 ${percentile(calls0, 99).toFixed(0)} ms (idle 0, ${calls0.length} turns) vs ${percentile(callsNever, 50).toFixed(0)} / ${percentile(callsNever, 99).toFixed(0)} ms (${never === undefined ? 'this run\'s begins on running groups' : `never, ${callsNever.length} turns`}). CompleteTurn alone p50/p99 ${percentile(idle0.completeMs, 50).toFixed(0)}/${percentile(idle0.completeMs, 99).toFixed(0)} ms (idle 0: clean stop + checkpoint before the answer) vs ${never === undefined ? 'n/a' : `${percentile(never.completeMs, 50).toFixed(0)}/${percentile(never.completeMs, 99).toFixed(0)} ms (never)`}; BeginTurn p50/p99 ${percentile(begins0, 50).toFixed(0)}/${percentile(begins0, 99).toFixed(0)} ms (idle 0, ${idle0.beginStoppedMs.length} of ${begins0.length} on stopped groups: container start + attach, p50/p99 ${restartP50.toFixed(0)}/${restartP99.toFixed(0)} ms) vs ${percentile(beginsNever, 50).toFixed(0)}/${percentile(beginsNever, 99).toFixed(0)} ms (running groups). The CLI's own part of a turn is the same in both.`,
+    `spot: ${spot.groups} running groups × ${spot.mibPerGroup} MiB on one host, notice ${spot.noticeMs / 1000} s: ${spot.savedBeforeDeadline} clean-stopped and checkpointed off the host before the deadline as the host reported it (${spot.checkpointedWithinNotice} checkpoints created within the notice), all saved after ${spot.allSavedMs === undefined ? 'n/a' : `${(spot.allSavedMs / 1000).toFixed(1)} s`}, all restored elsewhere after ${spot.allRestoredMs === undefined ? 'n/a' : `${(spot.allRestoredMs / 1000).toFixed(1)} s`}; load ${loadAtSpot.map((x) => x.toFixed(2)).join('/')} at its start. Where the time went (spot_profile, from the groups' events): waiting for a slot p50 ${spot.profile.queuedMs.p50} ms (max ${spot.profile.queuedMs.max}), clean stop p50 ${spot.profile.stopMs.p50} ms (p90 ${spot.profile.stopMs.p90}), checkpoint (capture of ${spot.mibPerGroup} MiB into the chunk store) p50 ${spot.profile.checkpointMs.p50} ms (p90 ${spot.profile.checkpointMs.p90}), at most ${spot.profile.maxConcurrentCheckpoints} checkpoints at once; checkpoints per 5 s after the notice: ${spot.profile.checkpointsPer5s.join(', ')}.`,
   ];
   const busiest = Math.max(run.loadAverageStart[0] ?? 0, loadAtSpot[0] ?? 0);
   if (busiest >= cpus().length) notes.push(`machine busy: 1-min load up to ${busiest.toFixed(2)} on ${cpus().length} cores (other sessions' tests count in it); timings are inflated accordingly.`);
@@ -119,6 +125,14 @@ async function main(): Promise<void> {
     restart_begin_p99_ms: restartP99,
     begin_p50_ms_idle0: percentile(begins0, 50),
     begin_p50_ms_never: percentile(beginsNever, 50),
+    complete_turn_p50_ms_idle0: percentile(idle0.completeMs, 50),
+    complete_turn_p99_ms_idle0: percentile(idle0.completeMs, 99),
+    complete_turn_p50_ms_never: never === undefined ? null : percentile(never.completeMs, 50),
+    complete_turn_p99_ms_never: never === undefined ? null : percentile(never.completeMs, 99),
+    turn_calls_p50_ms_idle0: percentile(calls0, 50),
+    turn_calls_p99_ms_idle0: percentile(calls0, 99),
+    turn_calls_p50_ms_never: percentile(callsNever, 50),
+    turn_calls_p99_ms_never: percentile(callsNever, 99),
     spot_groups_saved_30s: spot.savedBeforeDeadline,
     spot_groups: spot.groups,
     spot_mib_per_group: spot.mibPerGroup,
@@ -129,6 +143,7 @@ async function main(): Promise<void> {
     spot_bytes_checkpointed: spot.bytesCheckpointed,
     spot_summary: spot.summary,
     spot_lost_reasons: spot.lostReasons,
+    spot_profile: spot.profile,
     per_setting: perSetting,
     notes,
   };

@@ -454,6 +454,46 @@ export interface SpotCapacityResult {
   readonly bytesCheckpointed: number;
   /** Groups LOST in the evacuation, by reason. */
   readonly lostReasons: Record<string, number>;
+  /** Where the time went, from the groups' events (ms, p50/p90/max over the groups). */
+  readonly profile: SpotProfile;
+}
+
+export interface SpotProfile {
+  /** Notice -> the group's stop requested (waiting for a slot of the evacuation's parallelism). */
+  readonly queuedMs: Stats;
+  /** Stop requested -> stopped (SIGTERM, exit, the verdict written). */
+  readonly stopMs: Stats;
+  /** Stopped -> checkpoint created (capture of the layer into the chunk store, manifest, index). */
+  readonly checkpointMs: Stats;
+  /** Most stops, and most checkpoints, in progress at once. */
+  readonly maxConcurrentStops: number;
+  readonly maxConcurrentCheckpoints: number;
+  /** Checkpoints created per 5 s after the notice (throughput over time). */
+  readonly checkpointsPer5s: readonly number[];
+}
+
+export interface Stats {
+  readonly n: number;
+  readonly p50: number;
+  readonly p90: number;
+  readonly max: number;
+}
+
+function stats(xs: readonly number[]): Stats {
+  const s = [...xs].sort((a, b) => a - b);
+  const at = (p: number) => s[Math.min(s.length - 1, Math.max(0, Math.ceil(p * s.length) - 1))] ?? 0;
+  return { n: s.length, p50: at(0.5), p90: at(0.9), max: s.at(-1) ?? 0 };
+}
+
+function maxOverlap(spans: readonly (readonly [number, number])[]): number {
+  const edges = spans.flatMap(([a, b]) => [[a, 1], [b, -1]] as const).sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+  let cur = 0;
+  let max = 0;
+  for (const [, d] of edges) {
+    cur += d;
+    max = Math.max(max, cur);
+  }
+  return max;
 }
 
 /**
@@ -529,6 +569,30 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     } catch (err) {
       log(String(err));
     }
+    // Where the time went: each group's stop and checkpoint from its events.
+    const queued: number[] = [];
+    const stopSpans: [number, number][] = [];
+    const cpSpans: [number, number][] = [];
+    const per5s: number[] = [];
+    for (const id of ids) {
+      const ev = (await store.events.read({ subjectKind: 'group', subjectId: id, limit: 1_000 })).events.map((e) => e.event).filter((e) => e.timeMs >= noticeAt);
+      const requested = ev.find((e) => e.type === 'group_stop_requested')?.timeMs;
+      const stopped = ev.find((e) => e.type === 'group_stopped')?.timeMs;
+      const created = ev.find((e) => e.type === 'checkpoint_created')?.timeMs;
+      if (requested !== undefined) queued.push(requested - noticeAt);
+      if (requested !== undefined && stopped !== undefined) stopSpans.push([requested, stopped]);
+      if (stopped !== undefined && created !== undefined) cpSpans.push([stopped, created]);
+      if (created !== undefined) {
+        const slot = Math.floor((created - noticeAt) / 5_000);
+        while (per5s.length <= slot) per5s.push(0);
+        per5s[slot]! += 1;
+      }
+    }
+    const profile: SpotProfile = {
+      queuedMs: stats(queued), stopMs: stats(stopSpans.map(([a, b]) => b - a)), checkpointMs: stats(cpSpans.map(([a, b]) => b - a)),
+      maxConcurrentStops: maxOverlap(stopSpans), maxConcurrentCheckpoints: maxOverlap(cpSpans), checkpointsPer5s: per5s,
+    };
+    log(`spot profile: ${JSON.stringify(profile)}`);
     let within = 0;
     let bytes = 0;
     for (const id of ids) {
@@ -539,7 +603,7 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     }
     return {
       groups: ids.length, mibPerGroup: o.mibPerGroup, noticeMs: o.noticeMs, summary,
-      savedBeforeDeadline: Number(summary?.savedBeforeDeadline ?? 0), checkpointedWithinNotice: within, allSavedMs, allRestoredMs, bytesCheckpointed: bytes, lostReasons,
+      savedBeforeDeadline: Number(summary?.savedBeforeDeadline ?? 0), checkpointedWithinNotice: within, allSavedMs, allRestoredMs, bytesCheckpointed: bytes, lostReasons, profile,
     };
   } finally {
     await plane?.stop().catch(() => undefined);
