@@ -356,7 +356,7 @@ async function scenario(p: Product, code: string, groups: number, liveness: Live
       sampling = false;
       await sampler;
       if (profileDir !== undefined) {
-        plane.child.send({ type: 'profile-stop', name: 'dead' });
+        plane.child.send({ type: 'profile-stop', name: `dead-${victimId}` });
         console.log(`  profile: ${(await plane.child.next('profiled', 60_000)).path}`);
       }
       /** The control plane's CPU ms at time `t`, interpolated between samples. */
@@ -525,6 +525,17 @@ async function main(): Promise<void> {
     `machine: ${cpus().length} cores shared with the nats-server, the load generator and other users (load averages recorded per window).`,
   ];
   for (const [k, g] of Object.entries(goals)) notes.push(`${k}: ${g.value} (goal ${g.goal}) ${g.met ? 'MET' : 'MISSED'}`);
+  // What the baseline ran at and how it fared, from its own scenarios (sizes it skipped are named).
+  const baselines = results.filter((r) => r.code === 'baseline');
+  if (baselines.length > 0) {
+    const skipped = SIZES.filter((n) => !baselines.some((b) => b.groups === n));
+    const fared = baselines.map((b) => {
+      const r0 = b.dead.per_round[0];
+      const wronglyDead = b.host_states_after_windows.DEAD ?? 0;
+      return `at ${b.groups} groups its control plane used ${(100 * b.steady.cp_cpu_fraction).toFixed(1)}% of a core steady (nats-server ${(100 * b.steady.nats_server_cpu_fraction).toFixed(1)}%), ${wronglyDead} of ${b.hosts} hosts that never stopped beating were DEAD after the CPU windows, and the silenced ${r0?.victim ?? '?'} was ${r0?.victim_state ?? '?'} at the end with ${r0?.decided ?? 0}/${r0?.groups_on_victim ?? 0} of its groups decided`;
+    });
+    notes.push(`baseline ${baselineCommit ?? '?'} (the control plane before the read model) ran at ${baselines.map((b) => b.groups).join(', ')} groups only (--baseline-groups)${skipped.length > 0 ? `, not run at ${skipped.join(', ')}` : ''}; ${fared.join('; ')}.`);
+  }
   notes.push(`steady CPU at ${large} groups: ${(100 * l.steady.cp_cpu_fraction_trimmed).toFixed(2)}% of a core between the 30-s GC/refresh passes (quietest 75% of seconds), plus ${round((l.steady.cp_cpu_fraction - l.steady.cp_cpu_fraction_trimmed) * 30, 2)} s of CPU per 30 s above that rate (the pass walks every group and checkpoint record); at ${small}: ${(100 * s.steady.cp_cpu_fraction_trimmed).toFixed(2)}% plus ${round((s.steady.cp_cpu_fraction - s.steady.cp_cpu_fraction_trimmed) * 30, 2)} s.`);
   await writeResult(run, {
     when: new Date().toISOString(),
