@@ -27,7 +27,7 @@ import { CAPTURE_INDEX_VERSION, type CaptureIndex, type IndexEntry } from './cap
 import { LayerTransferError } from './errors.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
 import { LayerAssembler, oldLayerOf, type Emitted } from './layer-assembler.ts';
-import { END_OF_ARCHIVE, TarParser, dataPadding } from './tar-format.ts';
+import { END_OF_ARCHIVE, TarParser, dataPadding, type TarHeader, type TarSink } from './tar-format.ts';
 import { S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, keyText, tarName, walkUpperDir, type EntryStat, type WalkEntry } from './walk.ts';
 
 /**
@@ -42,6 +42,13 @@ const DIRECT_READ_BLOCK = 4 * 1024 * 1024;
 /** Header-only tar runs at once, and the most large files read directly (more go through one tar). */
 const HEADER_RUNS = 2;
 const DIRECT_READ_MAX_FILES = 2;
+/**
+ * Other re-read entries this small (data bytes in all) share one tar run with a single large file's
+ * header: tar lists them first and is stopped at that header (a process fewer: each one is a fork of
+ * this large process; after an append the session file and the layer root, whose overlay xattrs make
+ * it re-read every time, took two).
+ */
+const SHARED_RUN_MAX_BYTES = 1024 * 1024;
 /** Old chunks fetched ahead (those at the edges of unchanged runs), at most. */
 const PREFETCH_OLD_CHUNKS = 8;
 /** Default: every 10th capture of an upper dir reads everything. */
@@ -294,7 +301,6 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
   const assembler = new LayerAssembler(chunker, old, readOld, emit, s.chunker.maxSize);
   const validator = new LayerValidator(s.limits);
   const oci = new OverlayToOci(validator);
-  const parser = new TarParser(oci, s.limits.maxPaxHeaderBytes);
   const rootDev = walk[0]!.stat.dev;
   const entries: IndexEntry[] = [];
   const priorOf = p.previous === undefined ? new Map<string, IndexEntry>() : new Map(p.previous.entries.map((e) => [e.key, e]));
@@ -313,9 +319,17 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
     // files changed: ten changed 10 MiB files took ~1.5x as long this way as through one tar, measured).
     if (direct.size > DIRECT_READ_MAX_FILES) direct.clear();
   }
-  // Their header runs start now, while the rest is read.
+  const toRead = walk.filter((_, i) => p.reuse[i] === undefined && !direct.has(i));
+  const smallRest = toRead.reduce((n, w) => n + ((w.stat.mode & S_IFMT) === S_IFREG ? w.stat.size : 0), 0) <= SHARED_RUN_MAX_BYTES;
+  /** The large file whose header comes last in the one tar run (see SHARED_RUN_MAX_BYTES), if any. */
+  const shared = direct.size === 1 && toRead.length > 0 && smallRest ? [...direct][0]! : undefined;
+  // The shared run's last entry (the large file) is converted apart, with a validator of its own:
+  // readDirect admits it where it lies in the layer.
+  const lastOci = new OverlayToOci(new LayerValidator(s.limits));
+  const parser = new TarParser(shared === undefined ? oci : new SplitSink(oci, toRead.length, lastOci), s.limits.maxPaxHeaderBytes);
+  // The other header runs start now, while the rest is read.
   const headers = new Map<number, Promise<{ entry: CapturedEntry; bytes: Buffer }>>();
-  const order = [...direct];
+  const order = [...direct].filter((i) => i !== shared);
   for (let k = 0; k < order.length; k++) {
     const i = order[k]!;
     const before = k >= HEADER_RUNS ? headers.get(order[k - HEADER_RUNS]!)!.then(() => undefined, () => undefined) : Promise.resolve();
@@ -323,8 +337,9 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
     h.catch(() => undefined); // awaited in order below
     headers.set(i, h);
   }
-  const toRead = walk.filter((_, i) => p.reuse[i] === undefined && !direct.has(i));
-  const tar = toRead.length > 0 ? runTar(upperDir, toRead.map((w) => tarName(w.key)), options.tarPath) : undefined;
+  const names = toRead.map((w) => tarName(w.key));
+  if (shared !== undefined) names.push(tarName(walk[shared]!.key));
+  const tar = toRead.length > 0 ? runTar(upperDir, names, options.tarPath) : undefined;
   let wi = 0;
   let reusedEntries = 0;
 
@@ -435,7 +450,29 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
   };
 
   try {
-    if (tar !== undefined) {
+    if (tar !== undefined && shared !== undefined) {
+      // The small entries' events are kept until the large file's header is out, then tar is
+      // stopped (its data is read directly) and they are processed in order.
+      const kept: CaptureEvent[] = [];
+      let keptBytes = 0;
+      let head: CaptureEvent | undefined;
+      for await (const piece of tar.stdout) {
+        parser.push(piece);
+        for (const e of oci.events) keptBytes += e.bytes.length;
+        kept.push(...oci.events);
+        oci.events.length = 0;
+        if (keptBytes > 2 * SHARED_RUN_MAX_BYTES + 1024 * 1024) throw new LayerTransferError('capture_failed', `${upperDir} changed during the capture (re-read entries grew)`);
+        head = lastOci.events.find((e) => e.kind === 'head');
+        if (head !== undefined) break;
+      }
+      tar.kill();
+      if (head === undefined || head.kind !== 'head') {
+        await tar.done; // tar's own failure says more, if it failed
+        throw new LayerTransferError('capture_failed', `tar gave no header for ${keyText(walk[shared]!.key)}`);
+      }
+      headers.set(shared, Promise.resolve({ entry: head.entry, bytes: head.bytes }));
+      for (const e of kept) await onEvent(e);
+    } else if (tar !== undefined) {
       for await (const piece of tar.stdout) {
         parser.push(piece);
         for (const e of oci.events) await onEvent(e);
@@ -490,6 +527,33 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
       entries,
     },
   };
+}
+
+/** Sends the first `count` tar entries to `first`, the rest to `rest`. */
+class SplitSink implements TarSink {
+  private seen = 0;
+  private current: TarSink;
+
+  constructor(
+    private readonly first: TarSink,
+    private readonly count: number,
+    private readonly rest: TarSink,
+  ) {
+    this.current = first;
+  }
+
+  entry(h: TarHeader): void {
+    this.current = this.seen++ < this.count ? this.first : this.rest;
+    this.current.entry(h);
+  }
+
+  data(slice: Buffer): void {
+    this.current.data(slice);
+  }
+
+  entryEnd(): void {
+    this.current.entryEnd();
+  }
 }
 
 /** Shared-memory slabs kept for reuse per capture: the publish worker's window (32 chunks) and the chunker's own. */
