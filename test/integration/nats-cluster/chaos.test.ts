@@ -25,6 +25,11 @@ afterAll(async () => {
 }, 120_000);
 
 describe('chaos: short seeded set', () => {
+  it('a seed always plans the same schedule, another seed another one', () => {
+    expect(planSchedule(81, DURATION_MS)).toEqual(planSchedule(81, DURATION_MS));
+    expect(planSchedule(82, DURATION_MS)).not.toEqual(planSchedule(81, DURATION_MS));
+  });
+
   it('the seeds between them plan every fault kind', () => {
     const planned = new Set(SEEDS.flatMap((s) => planSchedule(s, DURATION_MS).faults.map((f) => f.kind)));
     expect([...FAULT_KINDS].filter((k) => !planned.has(k))).toEqual([]);
