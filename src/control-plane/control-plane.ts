@@ -128,7 +128,7 @@ export class ControlPlane {
     const logger = opts.logger.child({ component: 'control-plane', replica: opts.replicaId });
     const events = new EventRecorder(opts.store.events, `control-plane/${opts.replicaId}`, logger, now);
     this.repos = repos;
-    this.fleet = new FleetState({ hosts: repos.hosts, groups: repos.groups.parts, checkpoints: repos.checkpoints }, logger, opts.metrics);
+    this.fleet = new FleetState({ hosts: repos.hosts, groups: repos.groups.parts, checkpoints: repos.checkpoints }, logger, opts.metrics, { checkpointKeep: opts.config.checkpointKeep });
     this.ctx = {
       config: opts.config,
       fleet: this.fleet,

@@ -22,6 +22,8 @@ import type { FleetMetrics } from '../observability/metrics.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { KvChange, KvRepository, Versioned } from '../store/kv-repository.ts';
 import { shardIndex } from '../store/sharded-kv-repository.ts';
+import { restorableFromCheckpoint, usableCheckpointTakenAt } from '../core/index.ts';
+import { Keys } from './keys.ts';
 import type { CheckpointRecord, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
 
 type Listener<T> = (key: string, before: T | undefined, after: T | undefined) => void;
@@ -192,6 +194,14 @@ function loadOf(g: GroupRecord): [string, number][] {
   return out;
 }
 
+/** The checkpoint ids a group record pins (never deleted by retention while it does). */
+function pinnedBy(g: GroupRecord): string[] {
+  const out: string[] = [];
+  if (g.latestCheckpointId !== undefined) out.push(g.latestCheckpointId);
+  if (g.lifecycle.migration !== undefined) out.push(g.lifecycle.migration.checkpointId);
+  return out;
+}
+
 export function isTerminal(g: GroupRecord): boolean {
   return g.lifecycle.state === 'LOST' || g.lifecycle.state === 'DESTROYED';
 }
@@ -231,6 +241,21 @@ export class FleetState {
   readonly #hostStates = new Map<string, number>();
   /** Checkpoint keys per group key (checkpoint keys are `<group key>.<checkpoint key>`). */
   readonly #checkpointsByGroup = new Map<string, Set<string>>();
+  /**
+   * Per clean-STOPPED group key (the groups a checkpoint can save, R-G6): when its usable latest
+   * checkpoint was taken, or null when it has none. Kept on every group and checkpoint change so the
+   * retention pass reads exposure and refresh candidates without rebuilding maps over the fleet.
+   */
+  readonly #restorable = new Map<string, number | null>();
+  /** How many group records pin each checkpoint id (named as latest, or a migration's source). */
+  readonly #pinned = new Map<string, number>();
+  /**
+   * Group keys whose checkpoints retention may have to delete: more than `checkpointKeep` of them,
+   * or a terminal group record (destroyed, or LOST whose retention may have passed). A group with
+   * fewer checkpoints, or whose record the model does not hold, has none to delete.
+   */
+  readonly #cleanupCandidates = new Set<string>();
+  readonly #checkpointKeep: number;
   /** Invalid group keys per host their last valid version named (placement or migration target). */
   readonly #invalidGroupsByHost = new Map<string, Set<string>>();
   /** The hosts each invalid group key is indexed under (empty: never seen valid, host unknown). */
@@ -242,8 +267,13 @@ export class FleetState {
   #timer: NodeJS.Timeout | undefined;
   readonly #revisionCheckMs: number;
 
-  constructor(sources: FleetStateSources, private readonly logger: Logger, private readonly metrics?: FleetMetrics, opts: { readonly revisionCheckMs?: number } = {}) {
+  /**
+   * `checkpointKeep` is retention's per-group keep count (the candidate threshold; a smaller one only
+   * makes more groups candidates).
+   */
+  constructor(sources: FleetStateSources, private readonly logger: Logger, private readonly metrics?: FleetMetrics, opts: { readonly revisionCheckMs?: number; readonly checkpointKeep?: number } = {}) {
     this.#revisionCheckMs = opts.revisionCheckMs ?? REVISION_CHECK_MS;
+    this.#checkpointKeep = Math.max(1, Math.floor(opts.checkpointKeep ?? 1));
     this.#hosts = new BucketMirror(sources.hosts, (k, b, a) => this.#hostChanged(k, b?.value, a?.value), logger, (h) => h);
     this.#groups = sources.groups.map((repo) => new BucketMirror(repo, (k, b, a) => this.#groupChanged(k, b?.value, a?.value), logger, projectGroup,
       (k, invalid, lastValid) => this.#groupInvalidChanged(k, invalid, lastValid)));
@@ -420,8 +450,14 @@ export class FleetState {
       for (const [h, n] of loadOf(before)) this.#load.set(h, (this.#load.get(h) ?? n) - n);
       for (const h of [before.lifecycle.hostId, before.lifecycle.migration?.targetHostId]) if (h !== undefined) this.#groupsByHost.get(h)?.delete(key);
       this.#groupStates.set(before.lifecycle.state, (this.#groupStates.get(before.lifecycle.state) ?? 1) - 1);
+      for (const id of pinnedBy(before)) {
+        const n = (this.#pinned.get(id) ?? 1) - 1;
+        if (n > 0) this.#pinned.set(id, n);
+        else this.#pinned.delete(id);
+      }
     }
     if (after !== undefined) {
+      for (const id of pinnedBy(after)) this.#pinned.set(id, (this.#pinned.get(id) ?? 0) + 1);
       for (const [h, n] of loadOf(after)) this.#load.set(h, (this.#load.get(h) ?? 0) + n);
       if (!isTerminal(after)) {
         for (const h of [after.lifecycle.hostId, after.lifecycle.migration?.targetHostId]) {
@@ -437,6 +473,7 @@ export class FleetState {
     } else {
       this.#withWork.delete(key);
     }
+    this.#reindexCheckpointsOf(key, after);
     this.#notify('group', this.#groupListeners, key, before, after);
   }
 
@@ -513,6 +550,48 @@ export class FleetState {
       set.delete(key);
       if (set.size === 0) this.#checkpointsByGroup.delete(groupKey);
     }
+    this.#reindexCheckpointsOf(groupKey, this.group(groupKey)?.value);
+  }
+
+  /** Update the retention indexes of the group under `groupKey` (its record `g`, if the model holds one). */
+  #reindexCheckpointsOf(groupKey: string, g: GroupRecord | undefined): void {
+    if (g !== undefined && restorableFromCheckpoint(g.lifecycle)) {
+      const latest = g.latestCheckpointId === undefined ? undefined : this.#checkpoints.entries.get(Keys.checkpoint(g.groupId, g.latestCheckpointId))?.value;
+      this.#restorable.set(groupKey, usableCheckpointTakenAt(g.lifecycle, latest) ?? null);
+    } else {
+      this.#restorable.delete(groupKey);
+    }
+    const n = this.#checkpointsByGroup.get(groupKey)?.size ?? 0;
+    if (n > 0 && (n > this.#checkpointKeep || (g !== undefined && isTerminal(g)))) this.#cleanupCandidates.add(groupKey);
+    else this.#cleanupCandidates.delete(groupKey);
+  }
+
+  /**
+   * Per clean-STOPPED group key: when the usable checkpoint a host loss would restore it from was
+   * taken, or null when it has none (kept current on every change; retention reads it per pass).
+   */
+  restorableCheckpoints(): ReadonlyMap<string, number | null> {
+    return this.#restorable;
+  }
+
+  /** Group keys that may have checkpoints for retention to delete (see #cleanupCandidates). */
+  cleanupCandidateGroupKeys(): ReadonlySet<string> {
+    return this.#cleanupCandidates;
+  }
+
+  /** The indexed checkpoints stored under group key `groupKey`, with their keys. */
+  checkpointEntriesOf(groupKey: string): { readonly key: string; readonly record: CheckpointRecord }[] {
+    const keys = this.#checkpointsByGroup.get(groupKey);
+    if (keys === undefined) return [];
+    return [...keys].flatMap((key) => {
+      const c = this.#checkpoints.entries.get(key);
+      return c === undefined ? [] : [{ key, record: c.value }];
+    });
+  }
+
+  /** True when a group record in the model names `checkpointId` as its latest or a migration's source. */
+  checkpointPinned(checkpointId: string): boolean {
+    return this.#pinned.has(checkpointId);
   }
 
   /** Watch restarts so far, over every mirrored bucket (a test and an operator signal). */

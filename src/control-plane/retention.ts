@@ -21,12 +21,17 @@
 // would make the group LOST `stale_checkpoint` (idle conversations are the common case). Such
 // checkpoints are retaken once they are older than a fraction of the maximum (refreshCheckpoints);
 // the retake is incremental (chunks dedup by digest) and the old one falls to retention.
-import { selectCheckpointsToDelete } from '../core/index.ts';
+//
+// The pass reads the read model's retention indexes (fleet-state.ts): the checkpoints of the groups
+// that may have some to delete, and per clean-STOPPED group when its usable checkpoint was taken, so
+// at 100,000 groups it copies, maps and sorts no fleet-wide list (bench/scale).
+import { restorableFromCheckpoint, selectCheckpointsToDelete, usableCheckpointTakenAt } from '../core/index.ts';
 import type { ChunkStore } from '../store/chunk-store.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { readManifest } from './checkpoints.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
 import { describeError } from './fleet.ts';
+import { Keys } from './keys.ts';
 import type { GroupOps } from './group-ops.ts';
 import type { ControlPlaneDeps } from './state.ts';
 
@@ -126,18 +131,34 @@ export function checkpointExposure(
   checkpoints: readonly Pick<CheckpointRecord, 'groupId' | 'checkpointId' | 'activityVersion' | 'createdAtMs'>[],
   nowMs: number,
 ): CheckpointExposure {
+  return exposureOf(restorableIndex(groups, checkpoints), nowMs);
+}
+
+/**
+ * Per clean-STOPPED group id: when its usable latest checkpoint was taken, or null (the form the read
+ * model keeps incrementally, FleetState.restorableCheckpoints, here built from lists).
+ */
+function restorableIndex(
+  groups: readonly Pick<GroupRecord, 'groupId' | 'lifecycle' | 'latestCheckpointId'>[],
+  checkpoints: readonly Pick<CheckpointRecord, 'groupId' | 'checkpointId' | 'activityVersion' | 'createdAtMs'>[],
+): Map<string, number | null> {
   const byKey = new Map(checkpoints.map((c) => [`${c.groupId}/${c.checkpointId}`, c]));
+  const out = new Map<string, number | null>();
+  for (const g of groups) {
+    if (!restorableFromCheckpoint(g.lifecycle)) continue;
+    const c = g.latestCheckpointId === undefined ? undefined : byKey.get(`${g.groupId}/${g.latestCheckpointId}`);
+    out.set(g.groupId, usableCheckpointTakenAt(g.lifecycle, c) ?? null);
+  }
+  return out;
+}
+
+/** Exposure from the per-group index: one walk over its values, no allocation per group. */
+export function exposureOf(restorable: ReadonlyMap<string, number | null>, nowMs: number): CheckpointExposure {
   let oldestAgeMs = 0;
   let withoutCheckpoint = 0;
-  for (const g of groups) {
-    const lc = g.lifecycle;
-    if (lc.state !== 'STOPPED' || lc.stop?.clean !== true) continue;
-    const c = g.latestCheckpointId === undefined ? undefined : byKey.get(`${g.groupId}/${g.latestCheckpointId}`);
-    if (c === undefined || c.activityVersion !== lc.activityVersion || c.createdAtMs < lc.lastActivityAtMs) {
-      withoutCheckpoint += 1;
-      continue;
-    }
-    oldestAgeMs = Math.max(oldestAgeMs, nowMs - c.createdAtMs);
+  for (const takenAtMs of restorable.values()) {
+    if (takenAtMs === null) withoutCheckpoint += 1;
+    else oldestAgeMs = Math.max(oldestAgeMs, nowMs - takenAtMs);
   }
   return { oldestAgeMs, withoutCheckpoint };
 }
@@ -163,17 +184,33 @@ export function checkpointsDueForRefresh(
   limit: number,
 ): RefreshDue[] {
   if (!(refreshAfterMs > 0)) return [];
-  const byKey = new Map(checkpoints.map((c) => [`${c.groupId}/${c.checkpointId}`, c]));
+  const byId = new Map(groups.map((g) => [g.groupId, g]));
+  return dueForRefresh(restorableIndex(groups, checkpoints), (id) => byId.get(id), (h) => readyHostIds.has(h), nowMs, refreshAfterMs, limit);
+}
+
+/**
+ * checkpointsDueForRefresh over the per-group index (keyed as `groupOf` looks groups up): only the
+ * groups whose usable checkpoint is past the refresh age are looked at and sorted.
+ */
+export function dueForRefresh(
+  restorable: ReadonlyMap<string, number | null>,
+  groupOf: (key: string) => Pick<GroupRecord, 'groupId' | 'lifecycle' | 'evacuation'> | undefined,
+  hostReady: (hostId: string) => boolean,
+  nowMs: number,
+  refreshAfterMs: number,
+  limit: number,
+): RefreshDue[] {
+  if (!(refreshAfterMs > 0)) return [];
   const due: RefreshDue[] = [];
-  for (const g of groups) {
+  for (const [key, takenAtMs] of restorable) {
+    if (takenAtMs === null || !(nowMs - takenAtMs > refreshAfterMs)) continue;
+    const g = groupOf(key);
+    if (g === undefined) continue;
     const lc = g.lifecycle;
-    if (lc.state !== 'STOPPED' || lc.stop?.clean !== true || lc.migration !== undefined || g.evacuation !== undefined) continue;
+    if (!restorableFromCheckpoint(lc) || lc.migration !== undefined || g.evacuation !== undefined) continue;
     // Only a READY host is asked: a silent one would hold the refresh for a whole command timeout.
-    if (!readyHostIds.has(lc.hostId)) continue;
-    const c = g.latestCheckpointId === undefined ? undefined : byKey.get(`${g.groupId}/${g.latestCheckpointId}`);
-    if (c === undefined || c.activityVersion !== lc.activityVersion || c.createdAtMs < lc.lastActivityAtMs) continue;
-    const ageMs = nowMs - c.createdAtMs;
-    if (ageMs > refreshAfterMs) due.push({ groupId: g.groupId, ageMs, period: Math.floor(nowMs / refreshAfterMs) });
+    if (!hostReady(lc.hostId)) continue;
+    due.push({ groupId: g.groupId, ageMs: nowMs - takenAtMs, period: Math.floor(nowMs / refreshAfterMs) });
   }
   return due.sort((a, b) => b.ageMs - a.ageMs).slice(0, limit);
 }
@@ -187,11 +224,11 @@ export async function refreshCheckpoints(ctx: RetentionDeps, ops: GroupOps, stil
   const refreshAfterMs = ctx.config.checkpointMaxAgeMs * ctx.config.checkpointRefreshFraction;
   if (refreshAfterMs <= 0) return 0;
   await ctx.fleet.sync();
-  const ready = new Set([...ctx.fleet.hosts()].filter((h) => h.value.lifecycle.state === 'READY').map((h) => h.value.hostId));
-  const groups = [...ctx.fleet.groups()].map((e) => e.value);
-  const checkpoints = [...ctx.fleet.checkpoints()].map((c) => c.record);
+  const fleet = ctx.fleet;
+  const hostReady = (hostId: string): boolean => fleet.host(Keys.host(hostId))?.value.lifecycle.state === 'READY';
+  const dueNow = dueForRefresh(fleet.restorableCheckpoints(), (key) => fleet.group(key)?.value, hostReady, ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass);
   let refreshed = 0;
-  for (const due of checkpointsDueForRefresh(groups, ready, checkpoints, ctx.now(), refreshAfterMs, ctx.config.checkpointRefreshPerPass)) {
+  for (const due of dueNow) {
     if (!stillLeader()) break;
     try {
       await ops.checkpoint(due.groupId, due.period);
@@ -207,24 +244,24 @@ export async function refreshCheckpoints(ctx: RetentionDeps, ops: GroupOps, stil
 
 export async function collectCheckpoints(ctx: RetentionDeps, cache = new ManifestDigestCache(), options: CollectOptions = {}): Promise<CollectResult> {
   await ctx.fleet.sync();
-  const groups = [...ctx.fleet.groups()].map((e) => e.value);
-  const entries = [...ctx.fleet.checkpoints()].map((c) => ({ key: c.key, value: c.record }));
+  const fleet = ctx.fleet;
   const now = ctx.now();
-  const exposure = checkpointExposure(groups, entries.map((e) => e.value), now);
+  const exposure = exposureOf(fleet.restorableCheckpoints(), now);
   ctx.metrics.checkpointAge.set(Math.max(0, exposure.oldestAgeMs) / 1000);
   ctx.metrics.groupsWithoutCheckpoint.set(exposure.withoutCheckpoint);
   ctx.metrics.checkpointMaxAge.set(ctx.config.checkpointMaxAgeMs / 1000);
-  const byGroup = new Map(groups.map((g) => [g.groupId, g]));
+  // Only the candidate groups' checkpoints (every checkpoint of each): the others have none to delete.
+  const entries: { key: string; value: CheckpointRecord }[] = [];
   const gone = new Set<string>();
-  for (const e of entries) {
-    const g = byGroup.get(e.value.groupId);
-    // A checkpoint whose group record the model does not hold is kept: that proves nothing (R-R6).
-    if (g !== undefined && groupGone(g, now, ctx.config.lostRetentionMs)) gone.add(e.value.groupId);
-  }
   const pinned = new Set<string>();
-  for (const g of groups) {
-    if (g.latestCheckpointId !== undefined) pinned.add(g.latestCheckpointId);
-    if (g.lifecycle.migration !== undefined) pinned.add(g.lifecycle.migration.checkpointId);
+  for (const groupKey of fleet.cleanupCandidateGroupKeys()) {
+    for (const e of fleet.checkpointEntriesOf(groupKey)) {
+      entries.push({ key: e.key, value: e.record });
+      if (fleet.checkpointPinned(e.record.checkpointId)) pinned.add(e.record.checkpointId);
+      const g = fleet.group(Keys.group(e.record.groupId))?.value;
+      // A checkpoint whose group record the model does not hold is kept: that proves nothing (R-R6).
+      if (g !== undefined && groupGone(g, now, ctx.config.lostRetentionMs)) gone.add(e.record.groupId);
+    }
   }
   const doomed = new Set(selectCheckpointsToDelete(entries.map((e) => ({ checkpointId: e.value.checkpointId, groupId: e.value.groupId, createdAtMs: e.value.createdAtMs, valid: true })), ctx.config.checkpointKeep, gone, pinned));
   if (doomed.size === 0 && options.fullSweep !== true) {

@@ -2,6 +2,7 @@
 // else (older ones, invalid ones, those of destroyed groups) is garbage. Checkpoints pinned by an
 // in-progress migration are never selected, whatever their age, so GC cannot race a restore.
 import { InvalidArgument } from './errors.ts';
+import type { GroupLifecycle } from './group.ts';
 
 export interface RetainedCheckpoint {
   readonly checkpointId: string;
@@ -41,4 +42,25 @@ export function selectCheckpointsToDelete(
     if (!keep.has(c.checkpointId) && !pinnedIds.has(c.checkpointId)) out.add(c.checkpointId);
   }
   return [...out];
+}
+
+/**
+ * True for a group STOPPED after a clean stop: the only groups R-G6 restores from a checkpoint after
+ * a host loss (running ones are LOST `host_lost_running`, unclean ones `unclean_stop`, whatever
+ * their checkpoints).
+ */
+export function restorableFromCheckpoint(lc: Pick<GroupLifecycle, 'state' | 'stop'>): boolean {
+  return lc.state === 'STOPPED' && lc.stop?.clean === true;
+}
+
+/**
+ * When the checkpoint `c` (the group's latest) was taken, if it covers the group's current state (same
+ * activity version, taken after the last activity); undefined when there is none or it is stale.
+ */
+export function usableCheckpointTakenAt(
+  lc: Pick<GroupLifecycle, 'activityVersion' | 'lastActivityAtMs'>,
+  c: { readonly activityVersion: number; readonly createdAtMs: number } | undefined,
+): number | undefined {
+  if (c === undefined || c.activityVersion !== lc.activityVersion || c.createdAtMs < lc.lastActivityAtMs) return undefined;
+  return c.createdAtMs;
 }
