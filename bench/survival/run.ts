@@ -97,7 +97,7 @@ async function main(): Promise<void> {
     return [k, {
       idle_stop_after_ms_compressed: r.idleStopAfterMs, victim: r.victim, groups_on_victim: r.groupsOnVictim, death_after_ms: r.deathAfterMs, turns_completed: r.turnsCompleted,
       mid_turn: by((o) => o.midTurn), protected_at_death: by((o) => o.protectedAtDeath), restored: by((o) => o.result === 'restored'), lost: by((o) => o.result === 'lost'),
-      unsettled: by((o) => o.result === 'unsettled'), unprotected_not_mid_turn: r.unprotectedNotMidTurn, unprotected_reported: r.reportedUnprotected, lost_reasons: reasons,
+      unsettled: by((o) => o.result === 'unsettled'), unprotected_not_mid_turn: r.unprotectedNotMidTurn, unprotected_reported: r.reportedUnprotected, unprotected_reports: r.unprotectedReports, lost_reasons: reasons,
       survived_fraction_not_mid_turn: r.survivedFractionNotMidTurn, restored_older_than_last_turn: r.restoredOlderThanLastTurn, violations: r.violations,
     }];
   }));

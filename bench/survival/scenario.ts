@@ -97,6 +97,8 @@ export interface SurvivalResult {
   readonly unprotectedNotMidTurn: number;
   /** Of those, the ones whose last completion said it could not protect them (a turn_end_unprotected event). */
   readonly reportedUnprotected: number;
+  /** What those completions said (event reason and error), by group. */
+  readonly unprotectedReports: Record<string, string>;
   /** deathRightAfterTurn: the group whose CompleteTurn answered right before the death. */
   readonly killedRightAfterTurnOf?: string | undefined;
   /** CompleteTurn latency (the answer, with idleStopAfter 0 after the stop and checkpoint), ms. */
@@ -352,11 +354,12 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     }
     log(`${victim} died after ${deathAfterMs} ms holding ${onVictim.size} groups (${midTurn.size} mid-turn, ${[...atDeath.values()].filter((s) => s.protected).length} protected)${killedRightAfterTurnOf !== undefined ? `, right after ${killedRightAfterTurnOf}'s CompleteTurn answered` : ''}`);
     // The completions that said they could not protect their group (the event of that turn's end).
-    const reported = new Set<string>();
+    const reported = new Map<string, string>();
     for (const c of convs) {
       if (!onVictim.has(c.groupId) || c.lastTurnId === undefined) continue;
       const events = (await store.events.read({ subjectKind: 'group', subjectId: c.groupId, limit: 1_000 })).events.map((e) => e.event);
-      if (events.some((e) => e.type === 'turn_end_unprotected' && (e.detail as { turnId?: string } | undefined)?.turnId === c.lastTurnId)) reported.add(c.groupId);
+      const said = events.find((e) => e.type === 'turn_end_unprotected' && (e.detail as { turnId?: string } | undefined)?.turnId === c.lastTurnId);
+      if (said !== undefined) reported.set(c.groupId, `${said.reason ?? ''}: ${String((said.detail as { error?: string } | undefined)?.error ?? '')}`);
     }
     await Promise.race([Promise.all(loops), sleep(30_000)]);
 
@@ -419,6 +422,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       restoredOlderThanLastTurn: outcomes.filter((x) => x.restoredOlderThanLastTurn === true).length,
       unprotectedNotMidTurn: notMid.filter((x) => !x.protectedAtDeath).length,
       reportedUnprotected: notMid.filter((x) => !x.protectedAtDeath && reported.has(x.groupId)).length,
+      unprotectedReports: Object.fromEntries(reported),
       killedRightAfterTurnOf,
       violations, spotSummary, beginStoppedMs, beginRunningMs, completeMs, turnCallsMs,
     };

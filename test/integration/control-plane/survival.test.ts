@@ -21,6 +21,7 @@ function report(r: SurvivalResult): void {
   console.log(`survival ${r.mode} seed=${seed} idle=${String(r.idleStopAfterMs)}: ${r.victim} died after ${r.deathAfterMs} ms with ${r.groupsOnVictim} groups; `
     + `${by((o) => o.result === 'restored')} restored, ${by((o) => o.result === 'lost')} lost (${[...new Set(r.outcomes.map((o) => o.lostReason).filter(Boolean))].join(',')}), `
     + `${by((o) => o.midTurn)} mid-turn, ${r.unprotectedNotMidTurn} unprotected not mid-turn (${r.reportedUnprotected} reported); killed right after ${r.killedRightAfterTurnOf ?? '-'}'s answer; survived_fraction_not_mid_turn ${r.survivedFractionNotMidTurn.toFixed(3)}; turns ${r.turnsCompleted}`);
+  if (Object.keys(r.unprotectedReports).length > 0) console.log('completions that could not protect their group:', JSON.stringify(r.unprotectedReports));
   if (r.violations.length > 0) console.log(r.violations.join('\n'));
 }
 
