@@ -146,8 +146,12 @@ parentPort.on('message', (m) => {
           if (j.failed) return;
           if (j.stream === null) throw new Error('the chunk stream is not known');
           const subject = 'sf.chunk.' + m.digest.slice(7);
-          const info = await jsm.streams.info(j.stream, { subjects_filter: subject });
-          if (!((info.state.subjects || {})[subject] > 0)) j.missing.push(m.index);
+          // The stream info request by hand: an incremental capture checks every reused chunk (~330
+          // per 200 MiB), and the manager's wrapper cost ~2x the client CPU (measured).
+          const reply = await nc.request('$JS.API.STREAM.INFO.' + j.stream, JSON.stringify({ subjects_filter: subject }), { timeout: timeoutMs });
+          const info = JSON.parse(new TextDecoder().decode(reply.data));
+          if (info.error) throw new Error('stream info refused: ' + info.error.description + ' (' + info.error.err_code + ')');
+          if (!(((info.state && info.state.subjects) || {})[subject] > 0)) j.missing.push(m.index);
         } catch (err) {
           j.failed = j.failed || { reason: 'transfer_failed', message: String(err && err.message || err) };
         }
