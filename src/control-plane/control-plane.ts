@@ -83,6 +83,14 @@ export function leaseTrustMs(config: ControlPlaneConfig): number {
 /** Host states whose groups must leave (the controller marks them for evacuation). */
 const GOING_AWAY = new Set<HostRecord['lifecycle']['state']>(['DRAINING', 'DEAD', 'REMOVED']);
 
+/**
+ * Workers of the groups queue. Most of a host loss's group decisions are a few store round trips
+ * (mark, LOST): they run this many at once, while the steps that talk to agents or read chunks stay
+ * bounded by migrationParallelism inside the controller (bench/scale: host DEAD → 100 decisions).
+ */
+const GROUP_QUEUE_WORKERS = 32;
+const groupWorkers = (migrationParallelism: number): number => Math.max(migrationParallelism, GROUP_QUEUE_WORKERS);
+
 export class ControlPlane {
   /** Every dependency (the composition root's bag; services get narrow Picks of it). */
   readonly ctx: ControlPlaneDeps;
@@ -181,7 +189,7 @@ export class ControlPlane {
       if (!this.#leaseTrusted()) return {};
       opts.metrics.reconciles.inc({ queue: 'groups', result: 'ok' });
       return this.controller.reconcileGroup(groupId);
-    }, { concurrency: opts.config.migrationParallelism, onError: onError('groups'), now });
+    }, { concurrency: groupWorkers(opts.config.migrationParallelism), onError: onError('groups'), now });
     this.fleet.onHostChange((_key, before, after) => {
       this.#hostChanged(before, after);
       this.spot.hostChanged(before, after);
@@ -389,7 +397,7 @@ export class ControlPlane {
     const worker = async (): Promise<void> => {
       for (let id = queue.shift(); id !== undefined; id = queue.shift()) await this.controller.reconcileGroup(id);
     };
-    await Promise.all(Array.from({ length: this.opts.config.migrationParallelism }, worker));
+    await Promise.all(Array.from({ length: groupWorkers(this.opts.config.migrationParallelism) }, worker));
     await this.fleet.sync();
     for (const { value: h } of [...this.fleet.hosts()]) {
       if (h.lifecycle.state !== 'DRAINING') continue;

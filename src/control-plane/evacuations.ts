@@ -3,13 +3,43 @@
 // unplanned: restore from the last checkpoint if usable, LOST with the reason otherwise). Used by
 // the controller for hosts going away, and by GroupOps when a host no longer has a group's
 // containers (its writable layers are gone, like a lost Docker data dir, for that group only).
-import type { RemovalSource } from '../core/index.ts';
+//
+// When the marked group's next step is a LOST that needs no I/O to decide (a running or unclean
+// group, or a clean one without a checkpoint), the caller may pass `lossOf`: the mark and the LOST
+// are then one compare-and-set with both events (evacuation_started, group_lost), in that order —
+// one write instead of two on a host loss (bench/scale: host DEAD → decisions).
+import { markMemberLost, transitionGroup, type LossReason, type RemovalSource } from '../core/index.ts';
+import type { Versioned } from '../store/kv-repository.ts';
 import { isTerminal } from './fleet-state.ts';
-import type { Evacuation } from './records.ts';
+import { lifecycleEvent, type GroupEventRecord } from './group-store.ts';
+import type { Evacuation, GroupRecord } from './records.ts';
 import type { ControlPlaneDeps } from './state.ts';
+
+/** A LOST a marked group's next step would declare without any I/O (see the controller). */
+export interface ImmediateLoss {
+  readonly reason: LossReason;
+  readonly why: string;
+}
 
 /** Mark `groupId` (still on `sourceHostId`) for evacuation; true when this call marked it. */
 export async function markEvacuation(ctx: Pick<ControlPlaneDeps, 'groups' | 'config' | 'now'>, groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<boolean> {
+  return (await markEvacuationRecord(ctx, groupId, kind, source, sourceHostId)) !== undefined;
+}
+
+/**
+ * markEvacuation returning the record it wrote with its revision (undefined when it wrote nothing),
+ * so the caller decides the next step without reading it back. With `lossOf`, a marked record for
+ * which it returns a loss is written LOST in the same compare-and-set (as GroupOps.declareLost
+ * would write it: members' sessions LOST, evacuation cleared, the reason and detail recorded).
+ */
+export async function markEvacuationRecord(
+  ctx: Pick<ControlPlaneDeps, 'groups' | 'config' | 'now'>,
+  groupId: string,
+  kind: Evacuation['kind'],
+  source: RemovalSource,
+  sourceHostId: string,
+  lossOf?: (marked: GroupRecord) => ImmediateLoss | undefined,
+): Promise<Versioned<GroupRecord> | undefined> {
   const now = ctx.now();
   const { after } = await ctx.groups.transact(groupId, (g) => {
     if (g === undefined || isTerminal(g) || g.lifecycle.hostId !== sourceHostId) return undefined;
@@ -23,10 +53,30 @@ export async function markEvacuation(ctx: Pick<ControlPlaneDeps, 'groups' | 'con
       attempts: g.evacuation?.attempts ?? 0,
       triedHostIds: g.evacuation?.triedHostIds ?? [],
     };
-    return {
-      record: { ...g, evacuation, updatedAtMs: now },
-      events: [{ type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } }],
-    };
+    const marked: GroupRecord = { ...g, evacuation, updatedAtMs: now };
+    const events: GroupEventRecord[] = [{ type: 'evacuation_started', reason: source, version: `${sourceHostId}:${kind}`, detail: { kind, sourceHostId } }];
+    const loss = lossOf?.(marked);
+    if (loss !== undefined) {
+      const lost = lostRecord(marked, loss, now);
+      if (lost !== undefined) return { record: lost.record, events: [...events, lost.event] };
+    }
+    return { record: marked, events };
   });
-  return after !== undefined;
+  return after;
+}
+
+/** The LOST write GroupOps.declareLost makes from `g`, or undefined when core refuses the transition. */
+function lostRecord(g: GroupRecord, loss: ImmediateLoss, now: number): { record: GroupRecord; event: GroupEventRecord } | undefined {
+  const next = transitionGroup(g.lifecycle, { type: 'lost', reason: loss.reason }, now);
+  if (!next.ok) return undefined;
+  const lostDetail = loss.why.slice(0, 1024);
+  const record: GroupRecord = {
+    ...g,
+    members: g.members.map((m) => ({ ...m, session: markMemberLost(m.session, 'group_lost') })),
+    evacuation: undefined,
+    lostDetail,
+    lifecycle: next.value,
+    updatedAtMs: now,
+  };
+  return { record, event: lifecycleEvent('lost', g, record, loss.why, { detail: lostDetail }) };
 }

@@ -115,7 +115,13 @@ export class GroupStore {
     await this.#appendEvents(after.groupId, events);
   }
 
+  /**
+   * A write's events are published in their order (each publish is sent before the next starts) and
+   * their acknowledgements awaited together: one round trip per write, not one per event. Any failed
+   * append fails the call; the caller's retry re-appends the same ids, deduplicated by the log.
+   */
   async #appendEvents(groupId: string, events: readonly GroupEventRecord[] | undefined): Promise<void> {
-    for (const e of events ?? []) await this.deps.events.record({ ...e, subjectKind: 'group', subjectId: groupId });
+    if (events === undefined || events.length === 0) return;
+    await Promise.all(events.map((e) => this.deps.events.record({ ...e, subjectKind: 'group', subjectId: groupId })));
   }
 }

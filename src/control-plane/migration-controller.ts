@@ -11,7 +11,11 @@
 // would refuse the same bytes. A restore that failed for the host's sake is retried on another
 // host a bounded number of times, then LOST restore_failed.
 // Which groups to look at comes from the read model (fleet-state.ts) and its change notifications;
-// every step re-reads the group record from the store and writes by compare-and-set. Agent command
+// every step decides on the group record as read from the store (or as this replica just wrote it,
+// with its revision) and writes by compare-and-set. An unplanned evacuation whose next step is a LOST
+// needing no I/O writes the mark and the LOST in one compare-and-set (evacuations.ts). Steps that talk
+// to agents or read chunks (stop, checkpoint, verify, restore) take one of `migrationParallelism`
+// slots, so the groups queue may run more workers for the cheap decisions. Agent command
 // ids are derived from the step (wire/agent-protocol.ts), so a new leader repeating a step gets the
 // first answer.
 import {
@@ -30,7 +34,8 @@ import { candidates, describeError, isTerminal } from './fleet.ts';
 import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import { decideEvacuationStep, turnWaitFor } from './evacuation-policy.ts';
-import { markEvacuation } from './evacuations.ts';
+import { markEvacuation, markEvacuationRecord, type ImmediateLoss } from './evacuations.ts';
+import type { Versioned } from '../store/kv-repository.ts';
 import type { ReconcileResult } from './keyed-queue.ts';
 import { chooseHost } from './placement.ts';
 import type { CheckpointRecord, Evacuation, GroupRecord, HostRecord } from './records.ts';
@@ -45,15 +50,40 @@ export type StepResult = 'progress' | 'waiting' | 'done';
 /** A crash point for tests (R-R3): thrown at step boundaries to kill a leader mid-migration. */
 export type StepHook = (step: string, groupId: string) => void | Promise<void>;
 
+/** A counting semaphore: at most `limit` holders at once, the others wait in arrival order. */
+class Slots {
+  #free: number;
+  readonly #waiting: (() => void)[] = [];
+
+  constructor(limit: number) {
+    this.#free = Math.max(1, limit);
+  }
+
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#free > 0) this.#free -= 1;
+    else await new Promise<void>((resolve) => this.#waiting.push(resolve));
+    try {
+      return await fn();
+    } finally {
+      const next = this.#waiting.shift();
+      if (next !== undefined) next(); // the slot passes on directly
+      else this.#free += 1;
+    }
+  }
+}
+
 export class MigrationController {
   readonly #ops: GroupOps;
   readonly #inProgress = new Set<string>();
+  /** Bounds the steps that talk to agents or read chunks (migrationParallelism). */
+  readonly #heavy: Slots;
 
   constructor(
     private readonly ctx: MigrationDeps,
     private readonly hook: StepHook = () => undefined,
   ) {
     this.#ops = new GroupOps(ctx);
+    this.#heavy = new Slots(ctx.config.migrationParallelism);
   }
 
   /**
@@ -66,19 +96,29 @@ export class MigrationController {
     const cached = this.ctx.fleet.group(Keys.group(groupId))?.value;
     if (cached === undefined || this.#inProgress.has(groupId)) return {};
     let g: GroupRecord = cached;
+    /** The record as just read from or written to the store: the first step decides on it. */
+    let known: Versioned<GroupRecord> | undefined;
     if (!isTerminal(g)) {
       const host = this.ctx.fleet.host(Keys.host(g.lifecycle.hostId))?.value;
       const wanted = evacuationFor(host);
       if (wanted !== undefined && g.evacuation?.kind !== wanted.kind && g.evacuation?.kind !== 'unplanned') {
-        await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, g.lifecycle.hostId);
-        g = (await this.ctx.groups.get(groupId))?.value ?? g;
+        const marked = await markEvacuationRecord(this.ctx, groupId, wanted.kind, wanted.source, g.lifecycle.hostId,
+          wanted.kind === 'unplanned' ? (m) => this.#immediateLoss(m) : undefined);
+        if (marked !== undefined && marked.value.lifecycle.state === 'LOST') {
+          // Marked and declared LOST in one write (#immediateLoss): what #lose counts.
+          this.ctx.metrics.migrations.inc({ result: 'lost' });
+          return {};
+        }
+        known = marked ?? await this.ctx.groups.get(groupId);
+        if (known === undefined) return {};
+        g = known.value;
       }
     }
     if (g.evacuation === undefined && g.lifecycle.state !== 'MIGRATING') return {};
     this.#inProgress.add(groupId);
     try {
       for (let i = 0; i < 16; i++) {
-        const r = await this.step(groupId);
+        const r = await this.step(groupId, i === 0 ? known : undefined);
         if (r === 'waiting') return { requeueAfterMs: this.ctx.config.reconcileIntervalMs };
         if (r !== 'progress') return {};
       }
@@ -116,9 +156,28 @@ export class MigrationController {
     return true;
   }
 
-  /** Advance one group by one step. */
-  async step(groupId: string): Promise<StepResult> {
-    const current = await this.ctx.groups.get(groupId);
+  /**
+   * The LOST the next step of the just-marked (unplanned) group `g` would declare without any I/O:
+   * decideEvacuationStep says LOST (running, unclean…), or it says plan a restore but the group names
+   * no checkpoint, so decideOnHostLoss has nothing to assess. Undefined otherwise (the steps run).
+   */
+  #immediateLoss(g: GroupRecord): ImmediateLoss | undefined {
+    const ev = g.evacuation;
+    if (ev === undefined) return undefined;
+    const decision = decideEvacuationStep({ lifecycle: g.lifecycle, memberPhases: g.members.map((m) => m.session.phase), evacuation: ev }, this.ctx.now(), turnWaitFor(ev, this.ctx.config));
+    if (decision.action === 'lost') return { reason: decision.reason, why: decision.why };
+    if (decision.action !== 'plan_restore' || ev.kind !== 'unplanned' || g.latestCheckpointId !== undefined) return undefined;
+    const loss = decideOnHostLoss(g.lifecycle, undefined, { attempts: ev.attempts, maxAttempts: this.ctx.config.restoreMaxAttempts });
+    // The words #planRestore writes for the same decision.
+    return loss.action === 'lost' ? { reason: loss.reason, why: `checkpoint assessment: ${loss.reason}` } : undefined;
+  }
+
+  /**
+   * Advance one group by one step, deciding on `known` when given (the record this replica just read
+   * or wrote, with its revision; every write below is still compare-and-set), else on a fresh read.
+   */
+  async step(groupId: string, known?: Versioned<GroupRecord>): Promise<StepResult> {
+    const current = known ?? await this.ctx.groups.get(groupId);
     if (current === undefined) return 'done';
     const g = current.value;
     const ev = g.evacuation;
@@ -135,13 +194,15 @@ export class MigrationController {
       case 'lost':
         return this.#lose(g, decision.reason, decision.why);
       case 'restore':
-        return this.#restore(g);
+        return this.#heavy.run(() => this.#restore(g));
       case 'plan_restore':
-        return this.#planRestore(g, ev!);
+        return this.#heavy.run(() => this.#planRestore(g, ev!));
       case 'stop':
-        await this.hook('before_stop', groupId);
-        await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, `evacuation: ${ev!.source}`);
-        await this.hook('after_stop', groupId);
+        await this.#heavy.run(async () => {
+          await this.hook('before_stop', groupId);
+          await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, `evacuation: ${ev!.source}`);
+          await this.hook('after_stop', groupId);
+        });
         return 'progress';
     }
   }

@@ -90,8 +90,35 @@ interface Following extends AsyncIterable<KvEntry> {
   stop(): void;
 }
 
+/**
+ * A delete or purge marker. `KvEntry.operation` decodes the message's NATS headers into a map (every
+ * stored put carries one, the CAS header of its write): on a read model's catch-up, 100,000s of
+ * times. A marker always carries `KV-Operation` or `Nats-Marker-Reason` (the names the getter looks
+ * up, matched exactly), so a message whose raw header bytes contain neither is a PUT without the
+ * decode; anything else, or a client whose message internals differ, asks the getter.
+ */
 function isDeleted(e: KvEntry): boolean {
+  const raw = rawHeaderBytes(e);
+  if (raw === null) return false;
+  if (raw !== undefined && raw.indexOf(OPERATION_HEADER) < 0 && raw.indexOf(MARKER_HEADER) < 0) return false;
   return e.operation === 'DEL' || e.operation === 'PURGE';
+}
+
+const OPERATION_HEADER = Buffer.from('KV-Operation');
+const MARKER_HEADER = Buffer.from('Nats-Marker-Reason');
+
+/**
+ * The header block of the JetStream message behind a watch entry (nats.js 3.x: entry.sm is the
+ * JsMsg, its msg the core message with `_msg.hdr` the header length, -1 for none, and `_rdata` the
+ * payload): null when it has no headers, undefined when these internals are not there.
+ */
+function rawHeaderBytes(e: KvEntry): Buffer | null | undefined {
+  const msg = (e as { sm?: { msg?: { _msg?: { hdr?: unknown }; _rdata?: unknown } } }).sm?.msg;
+  const hdr = msg?._msg?.hdr;
+  const data = msg?._rdata;
+  if (typeof hdr !== 'number' || !(data instanceof Uint8Array)) return undefined;
+  if (hdr < 0) return null;
+  return Buffer.from(data.buffer, data.byteOffset, Math.min(hdr, data.byteLength));
 }
 
 export class KvRepository<T> {

@@ -213,6 +213,19 @@ describe('unplanned loss: host killed', () => {
     expect(await lostReason(stale)).toBe('stale_checkpoint');
     expect(await lostReason(corrupt)).toBe('checkpoint_corrupt');
     expect(await lostReason(runningGroup)).toBe('host_lost_running');
+    // Decided without I/O, mark and LOST are one write; the audit stream still says both, in order,
+    // and the record carries what declareLost writes.
+    for (const [id, reason] of [[noCheckpoint, 'no_checkpoint'], [runningGroup, 'host_lost_running']] as const) {
+      const types = (await fleet.store.events.read({ subjectKind: 'group', subjectId: id, limit: 200 })).events.map((e) => e.event);
+      const started = types.findIndex((e) => e.type === 'evacuation_started' && e.reason === 'heartbeat_lost');
+      const lost = types.findIndex((e) => e.type === 'group_lost' && e.reason === reason);
+      expect(started, `${id}: evacuation_started`).toBeGreaterThanOrEqual(0);
+      expect(lost, `${id}: group_lost after evacuation_started`).toBeGreaterThan(started);
+      const g = await fleet.group(id);
+      expect(g.evacuation).toBeUndefined();
+      expect(g.lostAtMs).toBeGreaterThan(0);
+      expect(g.members.every((m) => m.session.phase === 'LOST')).toBe(true);
+    }
     expect((await fleet.host('host-b')).lifecycle.state).toBe('DEAD');
     // Never restored from the corrupted blob: no migration was ever started for it.
     const events = await fleet.store.events.read({ subjectKind: 'group', subjectId: corrupt, limit: 200 });
