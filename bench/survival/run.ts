@@ -22,6 +22,7 @@
 //
 //   node --import tsx bench/survival/run.ts [--conversations 50] [--workload-ms 60000] [--compress 20] [--seed N]
 //        [--spot-groups 100] [--spot-mib 20] [--notice-ms 30000] [--smoke] [--out DIR]
+//   node --import tsx bench/survival/run.ts --spot-only [--spot-parallelism N] [--no-restore-wait]   (printed, not written)
 import { cpus, loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import type { IdleStopAfter } from '../../src/core/idle-stop.ts';
@@ -30,7 +31,7 @@ import { runSpotCapacity, runSurvival, type SurvivalResult } from './scenario.ts
 
 const { values } = parseArgs({ options: {
   conversations: { type: 'string' }, 'workload-ms': { type: 'string' }, compress: { type: 'string' }, seed: { type: 'string' },
-  'spot-groups': { type: 'string' }, 'spot-mib': { type: 'string' }, 'notice-ms': { type: 'string' }, 'spot-only': { type: 'boolean', default: false }, ...BENCH_OPTIONS,
+  'spot-groups': { type: 'string' }, 'spot-mib': { type: 'string' }, 'notice-ms': { type: 'string' }, 'spot-only': { type: 'boolean', default: false }, 'spot-parallelism': { type: 'string' }, 'no-restore-wait': { type: 'boolean', default: false }, ...BENCH_OPTIONS,
 } });
 const run = startBench('survival', values);
 const sized = (flag: string | undefined, full: number, smoke: number): number => Number(flag ?? (run.smoke ? smoke : full));
@@ -56,8 +57,11 @@ const SETTINGS: readonly { readonly name: string; readonly idle: IdleStopAfter }
 
 async function spotOnly(): Promise<void> {
   // A development aid: the spot capacity part alone, printed, never written as the bench's result.
-  const spot = await runSpotCapacity({ groups: SPOT_GROUPS, mibPerGroup: SPOT_MIB, noticeMs: NOTICE_MS, log: (l) => console.log(`[survival] ${l}`) });
-  console.log(JSON.stringify(spot, null, 2));
+  const spot = await runSpotCapacity({
+    groups: SPOT_GROUPS, mibPerGroup: SPOT_MIB, noticeMs: NOTICE_MS, log: (l) => console.log(`[survival] ${l}`),
+    ...(values['spot-parallelism'] !== undefined ? { parallelism: Number(values['spot-parallelism']) } : {}), waitRestores: values['no-restore-wait'] !== true,
+  });
+  console.log(JSON.stringify({ ...spot, loadAverage: loadavg() }, null, 2));
 }
 
 async function main(): Promise<void> {

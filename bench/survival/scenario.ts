@@ -439,6 +439,10 @@ export interface SpotCapacityOptions {
   readonly groups: number;
   readonly mibPerGroup: number;
   readonly noticeMs: number;
+  /** spotEvacuationParallelism (default: the configured default). */
+  readonly parallelism?: number;
+  /** false: do not wait for the restores elsewhere (allRestoredMs stays undefined). Default true. */
+  readonly waitRestores?: boolean;
   readonly log?: (line: string) => void;
 }
 
@@ -522,7 +526,7 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     const config = ControlPlaneConfigSchema.parse({
       heartbeatIntervalMs: 500, heartbeatTtlMs: 5_000, deadGraceMs: 3_000, stallThresholdMs: 5_000, reconcileIntervalMs: 250,
       stopGraceMs: 5_000, turnWaitMs: 3_000, evacuationDeadlineMs: 300_000, agentCommandTimeoutMs: 120_000, leaderRenewMs: 1_000,
-      idleStopAfterMs: 'never', spotNoticeMs: o.noticeMs, migrationParallelism: 4,
+      idleStopAfterMs: 'never', spotNoticeMs: o.noticeMs, migrationParallelism: 4, ...(o.parallelism !== undefined ? { spotEvacuationParallelism: o.parallelism } : {}),
       allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId],
     });
     plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'spot-cp' });
@@ -563,7 +567,7 @@ export async function runSpotCapacity(o: SpotCapacityOptions): Promise<SpotCapac
     const summary = cp.spot.summaryOf('host-a') as Record<string, unknown> | undefined;
     let allRestoredMs: number | undefined;
     const lostReasons: Record<string, number> = {};
-    try {
+    if (o.waitRestores !== false) try {
       const settled = await waitFor('every group restored elsewhere or LOST', async () => {
         const gs = await Promise.all(ids.map(async (id) => (await groupsRepo.get(Keys.group(id)))!.value));
         return gs.every((g) => g.lifecycle.state === 'LOST' || (g.lifecycle.state === 'STOPPED' && g.lifecycle.hostId !== 'host-a')) ? gs : undefined;

@@ -8,13 +8,17 @@
 // `spot_evacuation_summary` event at the notice's deadline and once every group is settled, and
 // `sandboxfleet_spot_evacuation_groups{host,result}`.
 // Leader only, a keyed queue of group ids; the per-host tally is memory (a new leader starts a new
-// tally from the groups still on the host).
+// tally from the groups still on the host). A group counts as saved the moment the read model shows
+// it saved, whoever did the work (this queue, or the groups queue evacuating the draining host): the
+// queue's own pass over a group can come much later, and a save it did not see before the deadline
+// would otherwise be reported after it (or not at all).
 import { describeError, isTerminal } from './fleet.ts';
 import type { GroupOpsDeps } from './group-ops.ts';
 import { spotSaveOrder } from './evacuation-policy.ts';
 import { KeyedQueue, type ReconcileResult } from './keyed-queue.ts';
 import type { MigrationController } from './migration-controller.ts';
-import type { HostRecord } from './records.ts';
+import type { FleetState } from './fleet-state.ts';
+import type { GroupRecord, HostRecord } from './records.ts';
 import { Keys } from './state.ts';
 
 /** Retry of a group that is waiting (a turn in flight, a checkpoint that failed). */
@@ -47,6 +51,22 @@ export interface SpotEvacuationSummary {
   readonly settledAtMs?: number | undefined;
 }
 
+/**
+ * What a change of one of a noticed host's groups says (pure but for the read model's checkpoint
+ * index): `saved` once it is stopped cleanly with a checkpoint of its state (a latest checkpoint
+ * that changed in this very change is one: GroupOps sets it only for the current state), moving
+ * (MIGRATING) or off the host; `lost` once LOST; undefined while neither.
+ */
+export function spotOutcomeOf(before: GroupRecord | undefined, after: GroupRecord, hostId: string, fleet: Pick<FleetState, 'checkpoint'>): 'saved' | 'lost' | undefined {
+  const lc = after.lifecycle;
+  if (lc.state === 'LOST') return 'lost';
+  if (lc.state === 'DESTROYED') return undefined;
+  if (lc.state === 'MIGRATING' || lc.hostId !== hostId) return 'saved';
+  if (lc.state !== 'STOPPED' || lc.stop?.clean !== true || after.latestCheckpointId === undefined) return undefined;
+  if (before?.latestCheckpointId !== after.latestCheckpointId) return 'saved';
+  return fleet.checkpoint(Keys.checkpoint(after.groupId, after.latestCheckpointId))?.activityVersion === lc.activityVersion ? 'saved' : undefined;
+}
+
 export class SpotEvacuator {
   readonly #queue: KeyedQueue;
   readonly #tallies = new Map<string, HostTally>();
@@ -54,6 +74,7 @@ export class SpotEvacuator {
   /** The last summary each host reported (kept after the tally ends: the host may be gone by then). */
   readonly #reported = new Map<string, SpotEvacuationSummary>();
   #leading = false;
+  #unsubscribe: (() => void) | undefined;
 
   constructor(private readonly ctx: GroupOpsDeps, private readonly controller: MigrationController) {
     this.#queue = new KeyedQueue((groupId) => {
@@ -79,12 +100,15 @@ export class SpotEvacuator {
   /** This replica leads: tally every host already under a spot notice (the model is synced). */
   startLeading(): void {
     this.#leading = true;
+    this.#unsubscribe ??= this.ctx.fleet.onGroupChange((_key, before, after) => this.#groupChanged(before, after));
     this.#queue.start();
     for (const { value: h } of this.ctx.fleet.hosts()) this.hostChanged(undefined, h);
   }
 
   stopLeading(): void {
     this.#leading = false;
+    this.#unsubscribe?.();
+    this.#unsubscribe = undefined;
     this.#queue.stop();
     for (const t of this.#tallies.values()) if (t.timer) clearTimeout(t.timer);
     this.#tallies.clear();
@@ -142,6 +166,20 @@ export class SpotEvacuator {
     if (tally.groups.size === 0) this.#report(tally, 'final');
   }
 
+  /** A group of a noticed host changed: tally it saved (or lost) now if it is. */
+  #groupChanged(before: GroupRecord | undefined, after: GroupRecord | undefined): void {
+    if (after === undefined) return;
+    const hostId = this.#hostOf.get(after.groupId);
+    const tally = hostId === undefined ? undefined : this.#tallies.get(hostId);
+    if (tally === undefined || !tally.groups.has(after.groupId) || tally.savedAtMs.has(after.groupId) || tally.lost.has(after.groupId)) return;
+    const outcome = spotOutcomeOf(before, after, tally.hostId, this.ctx.fleet);
+    if (outcome === undefined) return;
+    if (outcome === 'saved') tally.savedAtMs.set(after.groupId, this.ctx.now());
+    else tally.lost.add(after.groupId);
+    this.#gauge(tally);
+    if (tally.savedAtMs.size + tally.lost.size >= tally.groups.size) this.#report(tally, 'final');
+  }
+
   async reconcile(groupId: string): Promise<ReconcileResult> {
     const hostId = this.#hostOf.get(groupId);
     const tally = hostId === undefined ? undefined : this.#tallies.get(hostId);
@@ -153,7 +191,7 @@ export class SpotEvacuator {
         if (!tally.savedAtMs.has(groupId)) tally.savedAtMs.set(groupId, now);
         break;
       case 'lost':
-        tally.lost.add(groupId);
+        if (!tally.savedAtMs.has(groupId)) tally.lost.add(groupId);
         break;
       case 'none': {
         // Moved off the host, or nothing to evacuate: saved if it is somewhere safe, else lost.
