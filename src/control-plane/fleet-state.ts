@@ -256,6 +256,11 @@ export class FleetState {
    */
   readonly #cleanupCandidates = new Set<string>();
   readonly #checkpointKeep: number;
+  /**
+   * True during start()'s first load: the retention indexes are built once at its end (one walk over
+   * the groups) instead of on every group and checkpoint as they arrive (bench/scale: catch-up).
+   */
+  #loading = false;
   /** Invalid group keys per host their last valid version named (placement or migration target). */
   readonly #invalidGroupsByHost = new Map<string, Set<string>>();
   /** The hosts each invalid group key is indexed under (empty: never seen valid, host unknown). */
@@ -286,11 +291,26 @@ export class FleetState {
 
   /** Start following the buckets; resolves when the model holds everything the store held at start. */
   async start(): Promise<void> {
-    for (const m of this.#mirrors()) m.start();
-    this.#timer = setInterval(() => void this.#checkProgress(), this.#revisionCheckMs);
-    this.#timer.unref?.();
-    // Starting up waits as long as catching up takes (the replica is not ready before).
-    await this.sync({ timeoutMs: Infinity });
+    this.#loading = true;
+    try {
+      for (const m of this.#mirrors()) m.start();
+      this.#timer = setInterval(() => void this.#checkProgress(), this.#revisionCheckMs);
+      this.#timer.unref?.();
+      // Starting up waits as long as catching up takes (the replica is not ready before).
+      await this.sync({ timeoutMs: Infinity });
+    } finally {
+      // Synchronously (no change can be applied in between), then every change keeps them current.
+      this.#loading = false;
+      this.#rebuildRetentionIndexes();
+    }
+  }
+
+  #rebuildRetentionIndexes(): void {
+    this.#restorable.clear();
+    this.#cleanupCandidates.clear();
+    for (const m of this.#groups) for (const [key, g] of m.entries) this.#reindexCheckpointsOf(key, g.value);
+    // Checkpoints of groups the model does not hold (they may be candidates by their count).
+    for (const key of this.#checkpointsByGroup.keys()) if (this.group(key) === undefined) this.#reindexCheckpointsOf(key, undefined);
   }
 
   stop(): void {
@@ -550,11 +570,12 @@ export class FleetState {
       set.delete(key);
       if (set.size === 0) this.#checkpointsByGroup.delete(groupKey);
     }
-    this.#reindexCheckpointsOf(groupKey, this.group(groupKey)?.value);
+    if (!this.#loading) this.#reindexCheckpointsOf(groupKey, this.group(groupKey)?.value);
   }
 
   /** Update the retention indexes of the group under `groupKey` (its record `g`, if the model holds one). */
   #reindexCheckpointsOf(groupKey: string, g: GroupRecord | undefined): void {
+    if (this.#loading) return;
     if (g !== undefined && restorableFromCheckpoint(g.lifecycle)) {
       const latest = g.latestCheckpointId === undefined ? undefined : this.#checkpoints.entries.get(Keys.checkpoint(g.groupId, g.latestCheckpointId))?.value;
       this.#restorable.set(groupKey, usableCheckpointTakenAt(g.lifecycle, latest) ?? null);

@@ -19,7 +19,8 @@ import { FleetState } from '../../../src/control-plane/fleet-state.ts';
 import { HostRegistry, policyFrom } from '../../../src/control-plane/host-registry.ts';
 import { HostLeasePolicySchema, type HostLeasePolicy } from '../../../src/control-plane/hosts.ts';
 import type { Elector } from '../../../src/control-plane/leader.ts';
-import type { GroupRecord, HostRecord } from '../../../src/control-plane/records.ts';
+import type { CheckpointRecord, GroupRecord, HostRecord } from '../../../src/control-plane/records.ts';
+import { checkpointExposure, checkpointsDueForRefresh, dueForRefresh, exposureOf } from '../../../src/control-plane/retention.ts';
 import { Keys, openRepositories, type Repositories } from '../../../src/control-plane/state.ts';
 import { Heartbeat } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { API_SHA } from '../../../src/gen/api-sha.ts';
@@ -186,6 +187,80 @@ describe('read model: a watch restart', () => {
     expect(fleet.heartbeat('wr-1')?.sequence, 'the heartbeat of a live host survives the restart').toBe(7);
     expect(fleet.host(Keys.host('wr-2'))).toBeUndefined();
     expect(fleet.host(Keys.host('wr-3'))).toBeDefined();
+  }, 30_000);
+});
+
+describe('read model: retention indexes', () => {
+  /** The indexes against the same figures computed from the model's full lists, as the pass once did. */
+  function expectIndexesMatch(fleet: FleetState, keep: number, what: string): void {
+    const now = Date.now();
+    const groups = [...fleet.groups()].map((e) => e.value);
+    const cps = [...fleet.checkpoints()];
+    expect(exposureOf(fleet.restorableCheckpoints(), now), `${what}: exposure`).toEqual(checkpointExposure(groups, cps.map((c) => c.record), now));
+    const ready = new Set([...fleet.hosts()].filter((h) => h.value.lifecycle.state === 'READY').map((h) => h.value.hostId));
+    const refreshAfterMs = 60_000;
+    expect(dueForRefresh(fleet.restorableCheckpoints(), (k) => fleet.group(k)?.value, (h) => ready.has(h), now, refreshAfterMs, 1000), `${what}: refresh`)
+      .toEqual(checkpointsDueForRefresh(groups, ready, cps.map((c) => c.record), now, refreshAfterMs, 1000));
+    const count = new Map<string, number>();
+    for (const c of cps) count.set(Keys.group(c.record.groupId), (count.get(Keys.group(c.record.groupId)) ?? 0) + 1);
+    const candidates = [...count].filter(([k, n]) => {
+      const state = fleet.group(k)?.value.lifecycle.state;
+      return n > keep || state === 'LOST' || state === 'DESTROYED';
+    }).map(([k]) => k).sort();
+    expect([...fleet.cleanupCandidateGroupKeys()].sort(), `${what}: cleanup candidates`).toEqual(candidates);
+    for (const c of cps) {
+      const pinned = groups.some((g) => g.latestCheckpointId === c.record.checkpointId || g.lifecycle.migration?.checkpointId === c.record.checkpointId);
+      expect(fleet.checkpointPinned(c.record.checkpointId), `${what}: ${c.record.checkpointId} pinned`).toBe(pinned);
+    }
+  }
+
+  const ckpt = (groupId: string, checkpointId: string, ageMs: number, activityVersion = 1): CheckpointRecord => ({
+    checkpointId, groupId, placementGeneration: 1, activityVersion, sourceHostId: 'ri-h', sourceEpoch: 1, createdAtMs: Date.now() - ageMs,
+    baseImageDigest: 'sha256:00', bridgeVersion: 4, members: [{ memberId: 'm1', layerDigest: 'sha256:11', sizeBytes: 1 }], totalBytes: 1,
+  });
+
+  it('are built at the end of the first load and kept current on every group and checkpoint change', async () => {
+    const keep = 2;
+    await repos.hosts.create(Keys.host('ri-h'), host('ri-h'));
+    const old = 3_600_000;
+    // Before the model starts: a group with a usable old checkpoint (due for refresh), one with
+    // three (a candidate), one whose latest is stale, one without, and an orphan checkpoint.
+    const g = (id: string, latest?: string): GroupRecord => ({ ...group(id, 'ri-h'), lifecycle: { ...group(id, 'ri-h').lifecycle, lastActivityAtMs: Date.now() - 2 * old }, ...(latest ? { latestCheckpointId: latest } : {}) });
+    await repos.groups.create(Keys.group('ri-a'), g('ri-a', 'ri-a-1'));
+    await repos.checkpoints.create(Keys.checkpoint('ri-a', 'ri-a-1'), ckpt('ri-a', 'ri-a-1', old));
+    await repos.groups.create(Keys.group('ri-b'), g('ri-b', 'ri-b-3'));
+    for (const n of [1, 2, 3]) await repos.checkpoints.create(Keys.checkpoint('ri-b', `ri-b-${n}`), ckpt('ri-b', `ri-b-${n}`, old / n));
+    await repos.groups.create(Keys.group('ri-c'), g('ri-c', 'ri-c-1'));
+    await repos.checkpoints.create(Keys.checkpoint('ri-c', 'ri-c-1'), ckpt('ri-c', 'ri-c-1', old, 0));
+    await repos.groups.create(Keys.group('ri-d'), g('ri-d'));
+    for (const n of [1, 2, 3]) await repos.checkpoints.create(Keys.checkpoint('ri-orphan', `ri-o-${n}`), ckpt('ri-orphan', `ri-o-${n}`, old));
+
+    const fleet = new FleetState({ hosts: repos.hosts, groups: repos.groups.parts, checkpoints: repos.checkpoints }, silentLogger(), undefined, { checkpointKeep: keep });
+    cleanups.push(() => fleet.stop());
+    await fleet.start();
+    expect(fleet.restorableCheckpoints().get(Keys.group('ri-a')), 'built at the end of the load').toBeGreaterThan(0);
+    expect(fleet.cleanupCandidateGroupKeys().has(Keys.group('ri-b'))).toBe(true);
+    expect(fleet.cleanupCandidateGroupKeys().has(Keys.group('ri-orphan')), 'a group the model does not hold, by its count').toBe(true);
+    expectIndexesMatch(fleet, keep, 'after the first load');
+
+    // Changes after the load: a new latest checkpoint for ri-d (usable, then a 2nd and 3rd), ri-a's
+    // activity moves past its checkpoint, ri-c becomes LOST, one of ri-b's checkpoints is deleted.
+    for (const n of [1, 2, 3]) await repos.checkpoints.create(Keys.checkpoint('ri-d', `ri-d-${n}`), ckpt('ri-d', `ri-d-${n}`, 1000 * n));
+    const d = (await repos.groups.get(Keys.group('ri-d')))!;
+    await repos.groups.update(Keys.group('ri-d'), { ...d.value, latestCheckpointId: 'ri-d-1' }, d.revision);
+    const a = (await repos.groups.get(Keys.group('ri-a')))!;
+    await repos.groups.update(Keys.group('ri-a'), { ...a.value, lifecycle: { ...a.value.lifecycle, activityVersion: 2, lastActivityAtMs: Date.now() } }, a.revision);
+    const c = (await repos.groups.get(Keys.group('ri-c')))!;
+    await repos.groups.update(Keys.group('ri-c'), { ...c.value, lifecycle: { ...c.value.lifecycle, state: 'LOST', lostReason: 'no_checkpoint' } }, c.revision);
+    const b1 = (await repos.checkpoints.get(Keys.checkpoint('ri-b', 'ri-b-1')))!;
+    await repos.checkpoints.delete(Keys.checkpoint('ri-b', 'ri-b-1'), b1.revision);
+    await fleet.sync();
+    expect(fleet.cleanupCandidateGroupKeys().has(Keys.group('ri-b')), 'down to keep').toBe(false);
+    expect(fleet.cleanupCandidateGroupKeys().has(Keys.group('ri-c')), 'LOST').toBe(true);
+    expect(fleet.cleanupCandidateGroupKeys().has(Keys.group('ri-d')), 'three checkpoints').toBe(true);
+    expect(fleet.restorableCheckpoints().get(Keys.group('ri-a')), 'stale now').toBeNull();
+    expect(fleet.checkpointPinned('ri-b-1')).toBe(false);
+    expectIndexesMatch(fleet, keep, 'after changes');
   }, 30_000);
 });
 
