@@ -15,6 +15,7 @@
 // holds a protected conversation. The queue steps in for such a group only TURN_END_HANDOFF_MARGIN_MS
 // after the stop grace has passed since the turn's end (the completing call died or failed).
 import { afterTurnStep, decideIdleStop, type AfterTurnBlocker, type AfterTurnView, type IdleStopAfter, type IdleStopDecision } from '../core/idle-stop.ts';
+import { isFleetError } from '../core/index.ts';
 import { CasConflictError } from '../store/errors.ts';
 import { describeError, isTerminal } from './fleet.ts';
 import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
@@ -270,6 +271,12 @@ export class IdleStopper {
 
 /** Steps one protection may take (stop, await a stop, checkpoint, and re-judging after a lost race). */
 const AFTER_TURN_STEPS = 8;
+/**
+ * How long a completion waits out a chunk GC sweep that refuses its checkpoint (gc_in_progress):
+ * sweeps are short and run only while no checkpoint does, so a steady stream of turns meets them;
+ * past this the turn is answered unprotected and the idle queue takes the checkpoint later.
+ */
+const AFTER_TURN_GC_WAIT_MS = 10_000;
 
 /** What protectAfterTurn reached. `acted`: this call stopped the group or took its checkpoint. */
 export type AfterTurnProtection =
@@ -287,6 +294,8 @@ export type AfterTurnProtection =
 export async function protectAfterTurn(ctx: GroupOpsDeps, ops: GroupOps, groupId: string): Promise<AfterTurnProtection> {
   let acted = false;
   let error: string | undefined;
+  const gcWaitUntil = ctx.now() + AFTER_TURN_GC_WAIT_MS;
+  let gcDelayMs = 100;
   for (let i = 0; i < AFTER_TURN_STEPS; i++) {
     let gv;
     try {
@@ -321,10 +330,17 @@ export async function protectAfterTurn(ctx: GroupOpsDeps, ops: GroupOps, groupId
           break;
       }
     } catch (err) {
+      error = errorText(err);
+      // A chunk GC sweep holds its lock: wait it out (bounded), the retry is not a step of its own.
+      if (isFleetError(err) && err.reason === 'gc_in_progress' && ctx.now() + gcDelayMs < gcWaitUntil) {
+        await new Promise((r) => setTimeout(r, gcDelayMs));
+        gcDelayMs = Math.min(2 * gcDelayMs, 1_000);
+        i -= 1;
+        continue;
+      }
       // A lost compare-and-set (e.g. two takers of one checkpoint) is judged again; anything else
       // (host unreachable, a refused capture) leaves the group to the idle queue.
-      if (!(err instanceof CasConflictError)) return { protected: false, acted, why: 'failed', error: errorText(err) };
-      error = errorText(err);
+      if (!(err instanceof CasConflictError)) return { protected: false, acted, why: 'failed', error };
     }
   }
   return { protected: false, acted, why: 'failed', error: error ?? 'no progress' };

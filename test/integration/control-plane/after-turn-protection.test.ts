@@ -4,8 +4,11 @@
 // holds a protected conversation (before, the stop ran off the turn's path and a host death right
 // after the answer lost the group). A checkpoint that fails after the turn does not fail the turn:
 // the answer stands, and the metric and a turn_end_unprotected event say the group is not protected
-// yet. The fleet's default is `never` here, so nothing but the completion stops the groups.
+// yet. A chunk GC sweep that holds its lock when the turn ends is waited out (bounded): the answer
+// still means protected. The fleet's default is `never` here, so nothing but the completion stops
+// the groups.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ChunkGcLocks } from '../../../src/control-plane/chunk-gc-locks.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { Unavailable } from '../../../src/core/index.ts';
 import { FleetMetrics } from '../../../src/observability/metrics.ts';
@@ -62,6 +65,35 @@ describe('idle_stop_after 0: the completion answers once the group is protected'
       expect(await plane.runner.completeTurn(input)).toEqual(done);
     }
     expect(await idleStops('stopped')).toBeGreaterThanOrEqual(2);
+  });
+
+  it('a chunk GC sweep holding its lock when the turn ends is waited out: the answer still means protected', async () => {
+    const g = await open('conv-after-gc', 0);
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-gc');
+    let release!: () => void;
+    const held = new Promise<void>((r) => { release = r; });
+    let sweeping!: () => void;
+    const started = new Promise<void>((r) => { sweeping = r; });
+    // A real sweep lock in the store (no checkpoint runs now, so it is granted), held for 1.5 s.
+    const sweep = new ChunkGcLocks(plane.ctx).trySweep(20_000, async () => {
+      sweeping();
+      await held;
+      return true;
+    });
+    await Promise.race([started, sweep.then((r) => {
+      if (r === undefined) throw new Error('the sweep lock was not granted');
+    })]);
+    const releaseTimer = setTimeout(release, 1_500);
+    try {
+      const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-gc', evidence: EXITED });
+      expect(done.outcome).toBe('completed');
+      expect(await protectedNow(g)).toBe(true);
+    } finally {
+      clearTimeout(releaseTimer);
+      release();
+    }
+    expect(await sweep).toBe(true);
   });
 
   it('a setting other than 0 leaves the group running at the answer', async () => {
