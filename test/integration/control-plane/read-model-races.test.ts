@@ -342,6 +342,9 @@ describe('heartbeats', () => {
     const registry = new HostRegistry(plane.ctx, policyFrom(plane.ctx, undefined), slowLeases);
     const hbNc = await nats.connect('hb-1');
     registry.start(nc);
+    // The registry's subscriptions reach the server before the first beat is published on another
+    // connection (else beat 1 can be dropped under load and the test times out waiting for it).
+    await nc.flush();
     let stopped = false;
     cleanups.push(async () => {
       if (!stopped) await registry.stop();
