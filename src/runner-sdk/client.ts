@@ -181,7 +181,12 @@ export interface RunnerClientOptions {
   readonly tls?: RunnerClientTls;
   /** Plaintext, for a local dev server on loopback only. Exactly one of tls / insecureLocalDev. */
   readonly insecureLocalDev?: boolean;
-  /** Default deadline per logical call, retries included. Default 10 s. */
+  /**
+   * Default deadline per logical call, retries included. When not given: 10 s for a read
+   * (GetGroupState), and WORK_DEADLINE_MS for the calls that may have to start, stop or checkpoint
+   * a group before they answer (OpenGroup, BeginTurn on a stopped group, CompleteTurn with
+   * idle_stop_after 0, StopGroup), which take seconds on a loaded host.
+   */
   readonly deadlineMs?: number;
   readonly retry?: {
     /** Retries after the first attempt; default 4. */
@@ -338,11 +343,19 @@ export class ExecHandle {
 
 export type { BeginTurnResponse, CompleteTurnResponse, ContextState, ExecExit, ExecStarted, GetGroupStateResponse, OpenGroupResponse, RunTurnResponse, StopGroupResponse, WireTurnEndEvidence };
 
+/**
+ * Default deadline of the calls that change a group (see RunnerClientOptions.deadlineMs): a start
+ * or restore, a stop with its grace, a checkpoint. A retry with the same key answers the first
+ * result, so a generous deadline costs nothing when the server is quick.
+ */
+export const WORK_DEADLINE_MS = 120_000;
+
 type Unary<Req, Res> = (request: Req, metadata: grpc.Metadata, options: Partial<grpc.CallOptions>, callback: (error: grpc.ServiceError | null, response: Res) => void) => grpc.ClientUnaryCall;
 
 export class RunnerClient {
   readonly #client: RunnerServiceClient;
   readonly #deadlineMs: number;
+  readonly #workDeadlineMs: number;
   readonly #maxRetries: number;
   readonly #backoff: ExponentialBackoff<unknown>;
   /** Attempts made by this client, retries included (observability and tests). */
@@ -363,6 +376,7 @@ export class RunnerClient {
     };
     this.#client = new RunnerServiceClient(options.address, credentials, channelOptions);
     this.#deadlineMs = options.deadlineMs ?? 10_000;
+    this.#workDeadlineMs = options.deadlineMs ?? WORK_DEADLINE_MS;
     this.#maxRetries = options.retry?.maxRetries ?? 4;
     this.#backoff = new ExponentialBackoff({ initialDelay: options.retry?.initialDelayMs ?? 50, maxDelay: options.retry?.maxDelayMs ?? 2_000 });
   }
@@ -491,7 +505,7 @@ export class RunnerClient {
   #mutate<Res>(method: Unary<never, Res>, options: CallOptions, build: (idempotencyKey: string) => object): Promise<Res> {
     // One key per logical call, reused by every retry: the server answers a repeat with the first result.
     const idempotencyKey = options.idempotencyKey ?? randomUUID();
-    return this.#call(method, options, build(idempotencyKey), idempotencyKey);
+    return this.#call(method, { ...options, deadlineMs: options.deadlineMs ?? this.#workDeadlineMs }, build(idempotencyKey), idempotencyKey);
   }
 
   async #call<Res>(method: Unary<never, Res>, options: CallOptions, request: object, idempotencyKey: string | undefined): Promise<Res> {

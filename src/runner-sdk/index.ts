@@ -34,5 +34,6 @@ export {
   type StopGroupArgs,
   type StopGroupResponse,
   type WireTurnEndEvidence,
+  WORK_DEADLINE_MS,
 } from './client.ts';
 export { ContextState as WireContextState, TurnEndKind as WireTurnEndKind, CliKind as WireCliKind } from '../gen/sandboxfleet/v1/common.ts';
