@@ -25,6 +25,17 @@ import { Keys } from './state.ts';
 
 /** Retry of a checkpoint that failed (the host busy, the group started again in between, ...). */
 const CHECKPOINT_RETRY_MS = 30_000;
+/**
+ * A checkpoint that keeps failing (its host unreachable, full, refusing) is retried with doubling
+ * delays up to this: at fleet scale, thousands of uncovered groups retried every 30 s forever would
+ * be the control plane's main load (measured by bench/scale before the backoff).
+ */
+const CHECKPOINT_RETRY_MAX_MS = 15 * 60_000;
+
+/** Delay before the next checkpoint attempt after `failures` failed ones in a row. */
+export function checkpointRetryDelayMs(failures: number): number {
+  return Math.min(CHECKPOINT_RETRY_MAX_MS, CHECKPOINT_RETRY_MS * 2 ** Math.max(0, Math.min(failures - 1, 16)));
+}
 /** A STOPPING group is left to whoever stops it for the grace plus this, then its stop is finished here. */
 const STOP_FINISH_MARGIN_MS = 15_000;
 /** With idleStopAfter 0, the queue leaves a group to its completing call for the stop grace plus this. */
@@ -123,6 +134,8 @@ export class IdleStopper {
   readonly #candidates = new Set<string>();
   /** Groups this leader idle-stopped whose checkpoint is not taken yet. */
   readonly #ownStops = new Set<string>();
+  /** Checkpoint attempts that failed in a row per group, and when the next one may run (backoff). */
+  readonly #checkpointFailures = new Map<string, { readonly failures: number; readonly nextAtMs: number }>();
   readonly #unsubscribe: () => void;
   #leading = false;
 
@@ -160,6 +173,7 @@ export class IdleStopper {
     this.#leading = false;
     this.#queue.stop();
     this.#ownStops.clear();
+    this.#checkpointFailures.clear();
   }
 
   whenIdle(): Promise<void> {
@@ -190,6 +204,7 @@ export class IdleStopper {
     const candidate = !isTerminal(after) && after.evacuation === undefined && (state === 'RUNNING' || state === 'STOPPING' || uncovered);
     if (!candidate) {
       this.#candidates.delete(after.groupId);
+      this.#checkpointFailures.delete(after.groupId);
       return;
     }
     this.#candidates.add(after.groupId);
@@ -213,8 +228,11 @@ export class IdleStopper {
       case 'finish_stop':
         await this.#ops.stop(groupId, this.ctx.config.stopGraceMs, 'idle stop (finishing an interrupted stop)');
         return this.#afterStop(groupId);
-      case 'checkpoint':
+      case 'checkpoint': {
+        const backoff = this.#checkpointFailures.get(groupId);
+        if (backoff !== undefined && now < backoff.nextAtMs) return { requeueAfterMs: backoff.nextAtMs - now };
         return this.#checkpoint(groupId);
+      }
       case 'stop':
         break;
     }
@@ -252,6 +270,7 @@ export class IdleStopper {
     try {
       await this.#ops.checkpoint(groupId);
       this.#ownStops.delete(groupId);
+      this.#checkpointFailures.delete(groupId);
       return {};
     } catch (err) {
       // A BeginTurn that started the group again makes this checkpoint moot (the agent refuses it);
@@ -259,10 +278,14 @@ export class IdleStopper {
       const g = (await this.ctx.groups.get(groupId))?.value;
       if (g === undefined || g.lifecycle.state !== 'STOPPED') {
         this.#ownStops.delete(groupId);
+        this.#checkpointFailures.delete(groupId);
         return {};
       }
-      this.ctx.logger.warn({ groupId, ...describeError(err) }, 'checkpoint after an idle stop failed; retried');
-      return { requeueAfterMs: CHECKPOINT_RETRY_MS };
+      const failures = (this.#checkpointFailures.get(groupId)?.failures ?? 0) + 1;
+      const delayMs = checkpointRetryDelayMs(failures);
+      this.#checkpointFailures.set(groupId, { failures, nextAtMs: this.ctx.now() + delayMs });
+      this.ctx.logger.warn({ groupId, failures, retryInMs: delayMs, ...describeError(err) }, 'checkpoint of a clean stop failed; retried');
+      return { requeueAfterMs: delayMs };
     }
   }
 }

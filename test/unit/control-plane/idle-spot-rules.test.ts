@@ -3,7 +3,7 @@
 // records and views built here.
 import { describe, expect, it } from 'vitest';
 import { spotSaveOrder, turnWaitFor } from '../../../src/control-plane/evacuation-policy.ts';
-import { idleWork } from '../../../src/control-plane/idle-stop.ts';
+import { checkpointRetryDelayMs, idleWork } from '../../../src/control-plane/idle-stop.ts';
 import type { Evacuation, GroupRecord } from '../../../src/control-plane/records.ts';
 import { unprotected } from '../../../src/cli/commands.ts';
 import { Group, GroupState, StopOutcome } from '../../../src/gen/sandboxfleet/v1/common.ts';
@@ -74,5 +74,14 @@ describe('sandboxctl PROTECTED', () => {
     expect(unprotected(g({ state: GroupState.STOPPED, stopOutcome: StopOutcome.UNCLEAN, latestCheckpointId: 'c-1' }))).toBe(true);
     expect(unprotected(g({ state: GroupState.MIGRATING }))).toBe(false);
     expect(unprotected(g({ state: GroupState.LOST }))).toBe(false);
+  });
+});
+
+describe('checkpoint retries of a clean stop', () => {
+  it('back off from 30 s, doubling, to at most 15 minutes, however many failures', () => {
+    expect([1, 2, 3, 4, 5].map(checkpointRetryDelayMs)).toEqual([30_000, 60_000, 120_000, 240_000, 480_000]);
+    expect(checkpointRetryDelayMs(6)).toBe(900_000);
+    expect(checkpointRetryDelayMs(1_000_000)).toBe(900_000);
+    expect(checkpointRetryDelayMs(0)).toBe(30_000);
   });
 });
