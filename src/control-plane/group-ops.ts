@@ -23,6 +23,7 @@ import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
 import { readManifest, recordFromManifest } from './checkpoints.ts';
 import { markEvacuation } from './evacuations.ts';
+import { describeError } from './fleet.ts';
 import { ChunkGcLocks } from './chunk-gc-locks.ts';
 import { lifecycleEvent } from './group-store.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
@@ -111,8 +112,24 @@ export class GroupOps {
       }));
     if (started !== undefined) return started;
     const now = (await this.get(groupId)).value;
+    // Another start of this very placement won (the same command id, so the same containers).
+    if (now.lifecycle.state === 'RUNNING' && now.lifecycle.hostId === g.lifecycle.hostId && now.lifecycle.generation === g.lifecycle.generation) return now;
+    // Our start lost to a move of the group (a drain or migration began between our read and our
+    // command): what we started runs on a placement that is not the group's. Stop it now rather than
+    // leave it running until its host registers again; never delete it here — the host-copy verdicts
+    // do that on positive proof (R-R6).
+    await this.#undoStart(target, g);
     if (now.lifecycle.state === 'RUNNING') return now;
     throw new CasConflictError(this.ctx.groups.bucket, Keys.group(groupId), 0);
+  }
+
+  async #undoStart(target: AgentTarget, g: GroupRecord): Promise<void> {
+    try {
+      await this.ctx.agents.send(target, CommandIds.undoStart(g.groupId, g.lifecycle.generation, g.starts), { $case: 'stopGroup', value: { groupId: g.groupId, graceMs: this.ctx.config.stopGraceMs } }, 'stopGroup');
+      this.ctx.logger.warn({ groupId: g.groupId, hostId: g.lifecycle.hostId, generation: g.lifecycle.generation }, 'a start lost to a move of the group: what it started was stopped');
+    } catch (err) {
+      this.ctx.logger.error({ groupId: g.groupId, hostId: g.lifecycle.hostId, generation: g.lifecycle.generation, ...describeError(err) }, 'a start lost to a move of the group, and stopping what it started failed: the host keeps a running copy until its copies are judged');
+    }
   }
 
   /** Stop cleanly if possible (R-G2). Returns the record after the stop (STOPPED clean or unclean). */

@@ -11,6 +11,8 @@ export const CommandIds = {
   create: (groupId: string, generation: number) => `create-${groupId}-g${generation}`,
   start: (groupId: string, generation: number, starts: number) => `start-${groupId}-g${generation}-n${starts}`,
   stop: (groupId: string, generation: number, stops: number) => `stop-${groupId}-g${generation}-n${stops}`,
+  /** Undo of a start whose record write lost to a move of the group (one per start, never a stop's id). */
+  undoStart: (groupId: string, generation: number, starts: number) => `undo-start-${groupId}-g${generation}-n${starts}`,
   checkpoint: (checkpointId: string) => `checkpoint-${checkpointId}`,
   restore: (checkpointId: string, targetHostId: string, generation: number) => `restore-${checkpointId}-${targetHostId}-g${generation}`,
   delete: (groupId: string, generation: number, hostId: string, reason: string) => `delete-${groupId}-g${generation}-${hostId}-${reason}`,
