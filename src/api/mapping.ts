@@ -322,6 +322,7 @@ export function completeTurnToProto(v: CompleteTurnView): CompleteTurnResponse {
     nextContextState: contextToProto(v.nextContextState),
     // The outcome is the machine reason whenever the session was not kept as a plain success.
     reason: v.outcome === 'completed' ? '' : v.outcome,
+    groupProtected: v.groupProtected === true,
   };
 }
 

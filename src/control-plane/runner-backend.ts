@@ -759,7 +759,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     if (p.acted) this.#groups.drop(groupId);
     if (p.protected) {
       if (p.acted) this.ctx.metrics.idleStops.inc({ result: 'stopped' });
-      return view.nextContextState === 'LIVE' ? { ...view, nextContextState: 'RESTORED' } : view;
+      return { ...view, groupProtected: true, ...(view.nextContextState === 'LIVE' ? { nextContextState: 'RESTORED' as const } : {}) };
     }
     // A turn that began meanwhile (this member's next, another member's) saves the group at its own
     // end; an evacuation is the controller's: nothing to report for those.

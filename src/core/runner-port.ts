@@ -134,6 +134,11 @@ export interface CompleteTurnView {
   readonly savedLocator?: string | undefined;
   /** What the next BeginTurn will report if nothing else happens. */
   readonly nextContextState: ContextState;
+  /**
+   * The group was stopped cleanly with a checkpoint of its state before this answer (idle_stop_after
+   * 0): the conversation survives the loss of its host. False/absent: it is not (yet) protected.
+   */
+  readonly groupProtected?: boolean | undefined;
 }
 
 export interface StopGroupInput {

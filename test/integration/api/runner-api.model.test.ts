@@ -264,7 +264,7 @@ function applyComplete(model: Model, m: MemberModel, observed: string | undefine
     if (phase !== 'RETAINED' || outcome === 'locator_mismatch') m.processKept = false;
   };
   const ok = (outcome: Outcome): Expected => ({
-    response: { sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason: outcome === 'completed' ? '' : outcome },
+    response: { sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason: outcome === 'completed' ? '' : outcome, groupProtected: false },
   });
   if (!native) {
     finish('UNCONFIRMED', 'unconfirmed');

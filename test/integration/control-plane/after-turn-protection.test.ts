@@ -61,7 +61,7 @@ describe('idle_stop_after 0: the completion answers once the group is protected'
       const done = await plane.runner.completeTurn(input);
       // No waiting: the answer itself means protected.
       expect(await protectedNow(g)).toBe(true);
-      expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-after', nextContextState: 'RESTORED' });
+      expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-after', nextContextState: 'RESTORED', groupProtected: true });
       expect(await plane.runner.completeTurn(input)).toEqual(done);
     }
     expect(await idleStops('stopped')).toBeGreaterThanOrEqual(2);
@@ -100,7 +100,8 @@ describe('idle_stop_after 0: the completion answers once the group is protected'
     const g = await open('conv-after-never', 'never');
     const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
     await fleet.writeSession(begun.hostId, begun.containerId, 'sess-never');
-    await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-never', evidence: EXITED });
+    const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-never', evidence: EXITED });
+    expect(done.groupProtected).not.toBe(true);
     expect((await fleet.group(g)).lifecycle.state).toBe('RUNNING');
   });
 
@@ -122,6 +123,7 @@ describe('idle_stop_after 0: the completion answers once the group is protected'
       (agents as { send: typeof agents.send }).send = real;
     }
     expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-fail' });
+    expect(done?.groupProtected).not.toBe(true);
     const rec = await fleet.group(g);
     expect(rec.lifecycle.state).toBe('STOPPED');
     expect(await protectedNow(g)).toBe(false);
@@ -132,7 +134,7 @@ describe('idle_stop_after 0: the completion answers once the group is protected'
     const next = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
     expect(next.contextState).toBe('RESTORED');
     await fleet.writeSession(next.hostId, next.containerId, 'sess-fail');
-    await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: next.turnId, observedLocator: 'sess-fail', evidence: EXITED });
+    expect((await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: next.turnId, observedLocator: 'sess-fail', evidence: EXITED })).groupProtected).toBe(true);
     expect(await protectedNow(g)).toBe(true);
   });
 });

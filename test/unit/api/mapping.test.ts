@@ -212,7 +212,8 @@ describe('enum tables', () => {
 
   it('reports the outcome as reason only when the turn was not a plain success', () => {
     expect(completeTurnToProto({ outcome: 'completed', sessionKept: true, savedLocator: 's' as never, nextContextState: 'LIVE' }).reason).toBe('');
-    expect(completeTurnToProto({ outcome: 'unconfirmed', sessionKept: false, savedLocator: undefined, nextContextState: 'LOST' })).toEqual({ sessionKept: false, savedLocator: '', nextContextState: ContextState.LOST, reason: 'unconfirmed' });
+    expect(completeTurnToProto({ outcome: 'unconfirmed', sessionKept: false, savedLocator: undefined, nextContextState: 'LOST' })).toEqual({ sessionKept: false, savedLocator: '', nextContextState: ContextState.LOST, reason: 'unconfirmed', groupProtected: false });
+    expect(completeTurnToProto({ outcome: 'completed', sessionKept: true, savedLocator: 's' as never, nextContextState: 'RESTORED', groupProtected: true }).groupProtected).toBe(true);
   });
 });
 

@@ -230,6 +230,13 @@ export interface CompleteTurnResponse {
    * completed.
    */
   reason: string;
+  /**
+   * The group was stopped cleanly with a checkpoint of its state before this answer (the group's
+   * idle_stop_after is 0): the conversation survives the loss of its host. False when it is not
+   * protected (another setting, or the stop or checkpoint after the turn failed: a
+   * turn_end_unprotected event says why, and the fleet retries).
+   */
+  groupProtected: boolean;
 }
 
 export interface StopGroupRequest {
@@ -1499,7 +1506,7 @@ export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
 };
 
 function createBaseCompleteTurnResponse(): CompleteTurnResponse {
-  return { sessionKept: false, savedLocator: "", nextContextState: 0, reason: "" };
+  return { sessionKept: false, savedLocator: "", nextContextState: 0, reason: "", groupProtected: false };
 }
 
 export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
@@ -1515,6 +1522,9 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
     }
     if (message.reason !== "") {
       writer.uint32(34).string(message.reason);
+    }
+    if (message.groupProtected !== false) {
+      writer.uint32(40).bool(message.groupProtected);
     }
     return writer;
   },
@@ -1564,6 +1574,14 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
             message.reason = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.groupProtected = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1594,6 +1612,11 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
         ? contextStateFromJSON(object.next_context_state)
         : 0,
       reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      groupProtected: isSet(object.groupProtected)
+        ? globalThis.Boolean(object.groupProtected)
+        : isSet(object.group_protected)
+        ? globalThis.Boolean(object.group_protected)
+        : false,
     };
   },
 
@@ -1611,6 +1634,9 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
     if (message.reason !== "") {
       obj.reason = message.reason;
     }
+    if (message.groupProtected !== false) {
+      obj.groupProtected = message.groupProtected;
+    }
     return obj;
   },
 
@@ -1623,6 +1649,7 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
     message.savedLocator = object.savedLocator ?? "";
     message.nextContextState = object.nextContextState ?? 0;
     message.reason = object.reason ?? "";
+    message.groupProtected = object.groupProtected ?? false;
     return message;
   },
 };
