@@ -391,7 +391,7 @@ class StaleCompleteCmd implements Cmd {
     } else if (a.ok) {
       // A repeat of a completed turn answers its recorded outcome and changes nothing.
       const reason = m.lastTurn.outcome === 'completed' ? '' : m.lastTurn.outcome;
-      expect(a.value, this.toString()).toEqual({ sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason });
+      expect(a.value, this.toString()).toEqual({ sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason, groupProtected: false });
     } else {
       // A refused turn end may be refused again; anything else is wrong.
       expect(`${a.code}/${a.reason}`, this.toString()).toBe(`FAILED_PRECONDITION/${m.lastTurn.outcome}`);

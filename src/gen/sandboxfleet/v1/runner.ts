@@ -231,10 +231,10 @@ export interface CompleteTurnResponse {
    */
   reason: string;
   /**
-   * The group was stopped cleanly with a checkpoint of its state before this answer (the group's
-   * idle_stop_after is 0): the conversation survives the loss of its host. False when it is not
-   * protected (another setting, or the stop or checkpoint after the turn failed: a
-   * turn_end_unprotected event says why, and the fleet retries).
+   * The group was stopped cleanly with a checkpoint of its state before this answer (its idle stop
+   * setting, OpenGroupRequest.idle_stop_after_ms, is 0): the conversation survives the loss of its
+   * host. False when it is not protected (another setting, or the stop or checkpoint after the turn
+   * failed: an event in the group's audit stream says why, and the fleet retries).
    */
   groupProtected: boolean;
 }
