@@ -166,6 +166,13 @@ export class FleetMetrics {
     for (const reason of ATTESTATION_REASONS) this.attestationRefusals.inc({ reason }, 0);
     for (const result of ['swept', 'deferred', 'idle']) this.gcPasses.inc({ result }, 0);
     for (const result of ['stopped', 'unclean', 'lost_race', 'failed']) this.idleStops.inc({ result }, 0);
+    // The dashboard's migration and checkpoint panels read these on every replica: a series observed
+    // only on the replica that did the work (and lost with it when that pod goes) would leave them
+    // empty. Exported at 0 from the start, like the reasons above.
+    for (const result of ['succeeded', 'lost', 'checkpoint_refused', 'restore_failed']) this.migrations.inc({ result }, 0);
+    this.migrationDuration.zero({ result: 'succeeded' });
+    for (const phase of ['capture', 'checkpoint', 'restore', 'restore_validate']) this.checkpointDuration.zero({ phase });
+    for (const kind of ['layer', 'stored']) this.checkpointBytes.inc({ kind }, 0);
   }
 
   /**
