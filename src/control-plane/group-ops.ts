@@ -80,6 +80,36 @@ export class GroupOps {
     return after?.value;
   }
 
+  /**
+   * A MIGRATING group whose restore was refused for the checkpoint's own data: the abort and the
+   * loss in one compare-and-set, both events recorded. Written as two, another writer (the leader's
+   * keyed queue while an operator's MigrateGroup steps the same group) could see the STOPPED group
+   * in between, still under evacuation, and start a restore of the same refused checkpoint elsewhere.
+   */
+  async abortAsLost(groupId: string, guard: (g: GroupRecord) => boolean, abortWhy: string, reason: LossReason, lostWhy: string): Promise<GroupRecord | undefined> {
+    const now = this.ctx.now();
+    const { after } = await this.ctx.groups.transact(groupId, (current) => {
+      if (current === undefined || !guard(current)) return undefined;
+      const aborted = transitionGroup(current.lifecycle, { type: 'migration_aborted' }, now);
+      if (!aborted.ok) return undefined;
+      const between: GroupRecord = { ...current, lifecycle: aborted.value, updatedAtMs: now };
+      const lost = transitionGroup(aborted.value, { type: 'lost', reason }, now);
+      if (!lost.ok) return undefined;
+      const record: GroupRecord = {
+        ...between,
+        lifecycle: lost.value,
+        members: current.members.map((m) => ({ ...m, session: markMemberLost(m.session, 'group_lost') })),
+        evacuation: undefined,
+        lostDetail: lostWhy.slice(0, 1024),
+      };
+      return {
+        record,
+        events: [lifecycleEvent('migration_aborted', current, between, abortWhy), lifecycleEvent('lost', between, record, lostWhy, { detail: record.lostDetail })],
+      };
+    });
+    return after?.value;
+  }
+
   /** Declare the group LOST with `reason` (R-G6); its members' sessions become LOST too. */
   async declareLost(groupId: string, reason: LossReason, why: string): Promise<GroupRecord | undefined> {
     return this.transition(groupId, { type: 'lost', reason }, why, (g) => g.lifecycle.state !== 'LOST' && g.lifecycle.state !== 'DESTROYED', (g) => ({

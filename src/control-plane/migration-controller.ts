@@ -410,8 +410,19 @@ export class MigrationController {
     const attempts = (ev?.attempts ?? 0) + 1;
     const next = decideAfterRestoreFailure({ attempts, maxAttempts: this.ctx.config.restoreMaxAttempts });
     const now = this.ctx.now();
-    const aborted = await this.#ops.transition(g.groupId, { type: 'migration_aborted' }, `restore on ${mig.targetHostId} failed: ${failure}`,
-      (c) => c.lifecycle.state === 'MIGRATING' && c.lifecycle.generation === lc.generation,
+    const abortWhy = `restore on ${mig.targetHostId} failed: ${failure}`;
+    const isThisMigration = (c: GroupRecord): boolean => c.lifecycle.state === 'MIGRATING' && c.lifecycle.generation === lc.generation;
+    if (refusal !== undefined) {
+      await this.hook('before_lost', g.groupId);
+      const lost = await this.#ops.abortAsLost(g.groupId, isThisMigration, abortWhy, 'checkpoint_corrupt',
+        `the restore on ${mig.targetHostId} refused checkpoint ${mig.checkpointId}: ${refusal.reason}: ${refusal.detail}`);
+      if (lost === undefined) return 'progress';
+      this.ctx.metrics.migrations.inc({ result: 'lost' });
+      // LOST on the source's placement: the record proves the target's copy is not the group's (R-R6).
+      if (target !== undefined && target.lifecycle.state === 'READY') await this.#ops.deleteOn(target.hostId, g.groupId, newGeneration, 'restore_failed');
+      return 'done';
+    }
+    const aborted = await this.#ops.transition(g.groupId, { type: 'migration_aborted' }, abortWhy, isThisMigration,
       (c) => ({
         evacuation: {
           kind: c.evacuation?.kind ?? 'planned',
@@ -426,9 +437,6 @@ export class MigrationController {
     // The target's copy is deleted only once the abort is recorded: from then on the record proves it
     // is not the group's placement (R-R6).
     if (aborted !== undefined && target !== undefined && target.lifecycle.state === 'READY') await this.#ops.deleteOn(target.hostId, g.groupId, newGeneration, 'restore_failed');
-    if (aborted !== undefined && refusal !== undefined) {
-      return this.#lose(aborted, 'checkpoint_corrupt', `the restore on ${mig.targetHostId} refused checkpoint ${mig.checkpointId}: ${refusal.reason}: ${refusal.detail}`);
-    }
     if (aborted !== undefined && next.action === 'lost') return this.#lose(aborted, 'restore_failed', `restore failed on ${attempts} host(s); last: ${failure}`);
     return 'progress';
   }

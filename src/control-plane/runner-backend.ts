@@ -549,7 +549,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     fresh();
     this.#agentBegins += 1;
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
-    const inventory = await this.ctx.agents.send(target, CommandIds.inventory(turnId, this.ctx.now()), { $case: 'inventory', value: {} }, 'inventory', INVENTORY_TIMEOUT_MS);
+    const inventory = await this.ctx.agents.send(target, CommandIds.inventory(turnId, this.ctx.now()), { $case: 'inventory', value: { groupId } }, 'inventory', INVENTORY_TIMEOUT_MS);
     const c = inventory.containers.find((x) => x.groupId === groupId && x.memberId === memberId && x.placementGeneration === g.lifecycle.generation);
     const present = c !== undefined && c.state !== ContainerState.REMOVING && c.state !== ContainerState.DEAD;
     const running: ProcessIdentity | undefined = c !== undefined && c.state === ContainerState.RUNNING ? { containerId: c.containerId, incarnation: String(c.startedAtUnixMs) } : undefined;

@@ -168,7 +168,11 @@ export class CommandHandler {
   private async runHostScoped(cmd: AgentCommand): Promise<AgentCommandResult> {
     const c = cmd.command!;
     if (c.$case === 'inventory') {
-      return this.reply(cmd, CommandOutcome.OK, '', '', { payload: { $case: 'inventory', value: await this.deps.health.inventory() } });
+      const groupId = c.value.groupId;
+      if (groupId.length > 128) throw refused('invalid_argument', 'group_id must be at most 128 chars');
+      const take = () => this.deps.health.inventory();
+      const value = groupId === '' ? await take() : await this.locks.with(groupId, take);
+      return this.reply(cmd, CommandOutcome.OK, '', '', { payload: { $case: 'inventory', value } });
     }
     if (c.$case === 'probe') {
       const probe = await this.probe(cmd.hostEpoch, c.value.nonce, c.value.callbackSubject);

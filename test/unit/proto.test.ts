@@ -98,7 +98,7 @@ describe('messages', () => {
       { $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'c', members: [], cleanStop: undefined, activityVersion: 4, lastCompletedTurnId: '' } },
       { $case: 'restore', value: { groupId: 'g', manifest: sampleManifest() } },
       { $case: 'deleteGroup', value: { groupId: 'g', reason: 'not_owned' } },
-      { $case: 'inventory', value: {} },
+      { $case: 'inventory', value: { groupId: '' } },
       { $case: 'probe', value: { nonce: 'n-1', callbackSubject: 'sf.cp.probe' } },
     ];
     for (const command of commands) {

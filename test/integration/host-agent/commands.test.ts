@@ -142,6 +142,15 @@ describe('create / start / stop / delete', () => {
     expect(value(await restart(first, 'reclaim-g3-1'), 'restartMember')).toEqual(r1);
     expect(value(await restart(first), 'restartMember')).toEqual({ containerId: id, startedAtUnixMs: r1.startedAtUnixMs, restarted: false });
     expect(await startedAt()).toBe(r1.startedAtUnixMs);
+    // An inventory about the group sent while a reclaim runs waits for it: it shows the member running
+    // its new incarnation, never between the stop and the start (a turn begun on that view would have
+    // no process to run in). Sent after the restart, so without the wait it lands mid-restart.
+    const reclaim = restart(r1.startedAtUnixMs, 'reclaim-g3-2');
+    await new Promise((r) => setTimeout(r, 50));
+    const seen = value(await send(1, { $case: 'inventory', value: { groupId: 'g3' } }), 'inventory').containers.find((c) => c.containerId === id);
+    const r2 = value(await reclaim, 'restartMember');
+    expect(r2.restarted).toBe(true);
+    expect({ state: seen?.state, startedAt: seen?.startedAtUnixMs }).toEqual({ state: ContainerState.RUNNING, startedAt: r2.startedAtUnixMs });
     // A stop that got in first stays a stop: nothing is started, and no incarnation is named.
     value(await send(1, { $case: 'stopGroup', value: { groupId: 'g3', graceMs: 2000 } }), 'stopGroup');
     expect(value(await restart(r1.startedAtUnixMs), 'restartMember')).toEqual({ containerId: id, startedAtUnixMs: 0, restarted: false });

@@ -155,13 +155,13 @@ describe('commands at the host scope', () => {
 
   it('refuses a command of another epoch with the reason and counts it (R-H6)', async () => {
     const a = agents.find((x) => x.agent.lastAck?.hostId === 'reg-good')!;
-    const stale = await sendCommand(nc, { hostId: 'reg-good', epoch: 6 }, { $case: 'inventory', value: {} });
+    const stale = await sendCommand(nc, { hostId: 'reg-good', epoch: 6 }, { $case: 'inventory', value: { groupId: '' } });
     expect(stale).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'stale_epoch', hostEpoch: 7 });
-    const future = await sendCommand(nc, { hostId: 'reg-good', epoch: 8 }, { $case: 'inventory', value: {} });
+    const future = await sendCommand(nc, { hostId: 'reg-good', epoch: 8 }, { $case: 'inventory', value: { groupId: '' } });
     expect(future).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'unknown_epoch' });
     const text = await a.metrics.registry.getSingleMetricAsString('sandboxfleet_fenced_reports_total');
     expect(text).toContain('kind="agent_command_stale_epoch"} 1');
-    const ok = await sendCommand(nc, { hostId: 'reg-good', epoch: 7 }, { $case: 'inventory', value: {} });
+    const ok = await sendCommand(nc, { hostId: 'reg-good', epoch: 7 }, { $case: 'inventory', value: { groupId: '' } });
     expect(ok.outcome).toBe(CommandOutcome.OK);
     expect(ok.result?.$case).toBe('inventory');
   });

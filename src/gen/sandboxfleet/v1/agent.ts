@@ -568,6 +568,13 @@ export interface DeleteGroupCommand {
 
 /** Ask for a fresh inventory outside the heartbeat cadence. */
 export interface InventoryCommand {
+  /**
+   * When set, the inventory is taken once no command of this group is running on the agent (it
+   * waits its turn like one), so it never shows the group half way through a command: a member's
+   * container between the stop and the start of a slot reclaim reads as not running, and a turn
+   * begun on that would have no process to run in. Empty: taken at once, for the whole host.
+   */
+  groupId: string;
 }
 
 /**
@@ -4246,11 +4253,14 @@ export const DeleteGroupCommand: MessageFns<DeleteGroupCommand> = {
 };
 
 function createBaseInventoryCommand(): InventoryCommand {
-  return {};
+  return { groupId: "" };
 }
 
 export const InventoryCommand: MessageFns<InventoryCommand> = {
-  encode(_: InventoryCommand, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+  encode(message: InventoryCommand, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.groupId !== "") {
+      writer.uint32(10).string(message.groupId);
+    }
     return writer;
   },
 
@@ -4267,6 +4277,14 @@ export const InventoryCommand: MessageFns<InventoryCommand> = {
       while (reader.pos < end) {
         const tag = reader.uint32();
         switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.groupId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4279,20 +4297,30 @@ export const InventoryCommand: MessageFns<InventoryCommand> = {
     }
   },
 
-  fromJSON(_: any): InventoryCommand {
-    return {};
+  fromJSON(object: any): InventoryCommand {
+    return {
+      groupId: isSet(object.groupId)
+        ? globalThis.String(object.groupId)
+        : isSet(object.group_id)
+        ? globalThis.String(object.group_id)
+        : "",
+    };
   },
 
-  toJSON(_: InventoryCommand): unknown {
+  toJSON(message: InventoryCommand): unknown {
     const obj: any = {};
+    if (message.groupId !== "") {
+      obj.groupId = message.groupId;
+    }
     return obj;
   },
 
   create(base?: DeepPartial<InventoryCommand>): InventoryCommand {
     return InventoryCommand.fromPartial(base ?? {});
   },
-  fromPartial(_: DeepPartial<InventoryCommand>): InventoryCommand {
+  fromPartial(object: DeepPartial<InventoryCommand>): InventoryCommand {
     const message = createBaseInventoryCommand();
+    message.groupId = object.groupId ?? "";
     return message;
   },
 };
