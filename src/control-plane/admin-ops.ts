@@ -19,7 +19,7 @@ import { eventSubjectToken } from './events.ts';
 import type { ControlPlaneBuckets } from './buckets.ts';
 import { readManifest, verifyCheckpoint } from './checkpoints.ts';
 import { candidates, describeError, isTerminal } from './fleet.ts';
-import { GroupOps } from './group-ops.ts';
+import { GroupOps, startUnderWay } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import type { MigrationController } from './migration-controller.ts';
 import { chooseHost, eligibleHosts, type HostCandidate } from './placement.ts';
@@ -286,7 +286,7 @@ export class AdminOps {
       triedHostIds: [],
     };
     const intent = await this.#ops.transition(groupId, { type: 'migration_started', targetHostId: target.hostId, assessment }, `operator migrate to ${target.hostId}`,
-      (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion && c.evacuation === undefined,
+      (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion && c.evacuation === undefined && !startUnderWay(c, this.ctx.now()),
       () => ({ evacuation }));
     if (intent === undefined) throw new Conflict('cas_conflict', `group ${groupId} changed while its migration was prepared; retry`, { details: { groupId } });
 

@@ -24,7 +24,7 @@ import { AgentCommandFailed, type AgentTarget } from './agent-client.ts';
 import { readManifest, recordFromManifest } from './checkpoints.ts';
 import { markEvacuation } from './evacuations.ts';
 import { describeError } from './fleet.ts';
-import { ChunkGcLocks } from './chunk-gc-locks.ts';
+import { ChunkGcLocks, CLOCK_SKEW_MS } from './chunk-gc-locks.ts';
 import { lifecycleEvent } from './group-store.ts';
 import type { CheckpointRecord, GroupRecord } from './records.ts';
 import { Keys, type ControlPlaneDeps } from './state.ts';
@@ -40,6 +40,11 @@ export type GroupOpsDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'groups' 
 export function checkpointIdFor(groupId: string, generation: number, activityVersion: number, refresh?: number): string {
   const period = refresh === undefined ? '' : `|refresh-${refresh}`;
   return `c-${createHash('sha256').update(`${groupId}|${generation}|${activityVersion}${period}`).digest('hex').slice(0, 32)}`;
+}
+
+/** A start of the group is under way (its intent has not run out): no move of the group may begin. */
+export function startUnderWay(g: GroupRecord, nowMs: number): boolean {
+  return g.startingUntilMs !== undefined && nowMs <= g.startingUntilMs;
 }
 
 export class GroupOps {
@@ -127,17 +132,36 @@ export class GroupOps {
       throw unwrapRefusal(transitionGroup(g.lifecycle, { type: 'started' }, this.ctx.now()));
     }
     const target = await this.target(g.lifecycle.hostId, g.lifecycle.generation);
+    const samePlacement = (c: GroupRecord): boolean => c.lifecycle.generation === g.lifecycle.generation && c.starts === g.starts && c.lifecycle.hostId === g.lifecycle.hostId;
+    // The start intent first (records.ts startingUntilMs), on a group no evacuation holds: until the
+    // command's deadline has surely passed on the host, no migration of the group begins; a move
+    // that began first wins and nothing is sent. Without it a drain could move the group while our
+    // command started it on the old host: a running copy on two hosts until the undo below.
+    const timeoutMs = this.ctx.config.agentCommandTimeoutMs;
+    const untilMs = this.ctx.now() + timeoutMs + CLOCK_SKEW_MS;
+    const intent = await this.ctx.groups.transact(groupId, (c) => (c !== undefined && c.lifecycle.state === g.lifecycle.state && samePlacement(c) && c.evacuation === undefined
+      ? { record: { ...c, startingUntilMs: Math.max(c.startingUntilMs ?? 0, untilMs), updatedAtMs: this.ctx.now() } }
+      : undefined));
+    if (intent.after === undefined) {
+      const now = intent.before?.value;
+      // Another start of this very placement got there first (the same command id, the same containers).
+      if (now !== undefined && now.lifecycle.state === 'RUNNING' && now.lifecycle.hostId === g.lifecycle.hostId && now.lifecycle.generation === g.lifecycle.generation) return now;
+      throw new Unavailable('host_unreachable', `group ${groupId} is moving or stopping; retry shortly`, { details: { groupId, state: now?.lifecycle.state ?? 'unknown' } });
+    }
     let res: { containerIds: Record<string, string> };
     try {
-      res = await this.ctx.agents.send(target, CommandIds.start(groupId, g.lifecycle.generation, g.starts), { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup');
+      res = await this.ctx.agents.send(target, CommandIds.start(groupId, g.lifecycle.generation, g.starts), { $case: 'startGroup', value: { groupId, memberIds: [] } }, 'startGroup', timeoutMs);
     } catch (err) {
+      // The host answered: this command will do nothing more, so the intent ends now (a timeout
+      // proves nothing: the intent then runs out by itself).
+      if (err instanceof AgentCommandFailed) await this.#endStartIntent(groupId, g, untilMs);
       if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
       throw err;
     }
-    const started = await this.transition(groupId, { type: 'started' }, 'containers started',
-      (c) => c.lifecycle.generation === g.lifecycle.generation && c.starts === g.starts && c.lifecycle.hostId === g.lifecycle.hostId,
+    const started = await this.transition(groupId, { type: 'started' }, 'containers started', samePlacement,
       (c) => ({
         starts: c.starts + 1,
+        startingUntilMs: undefined,
         members: c.members.map((m) => ({ ...m, containerId: res.containerIds[m.session.memberId] ?? m.containerId })),
       }));
     if (started !== undefined) return started;
@@ -151,6 +175,13 @@ export class GroupOps {
     await this.#undoStart(target, g);
     if (now.lifecycle.state === 'RUNNING') return now;
     throw new CasConflictError(this.ctx.groups.bucket, Keys.group(groupId), 0);
+  }
+
+  /** Clears this start's intent (best effort: one that is left runs out at its time). */
+  async #endStartIntent(groupId: string, g: GroupRecord, untilMs: number): Promise<void> {
+    await this.ctx.groups.transact(groupId, (c) => (c !== undefined && c.starts === g.starts && c.startingUntilMs === untilMs
+      ? { record: { ...c, startingUntilMs: undefined, updatedAtMs: this.ctx.now() } }
+      : undefined)).catch((err: unknown) => this.ctx.logger.warn({ groupId, ...describeError(err) }, 'clearing a failed start\'s intent failed; it runs out by itself'));
   }
 
   async #undoStart(target: AgentTarget, g: GroupRecord): Promise<void> {

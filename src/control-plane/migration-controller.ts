@@ -31,7 +31,7 @@ import { CommandIds, restoreFaultScope } from '../wire/agent-protocol.ts';
 import { AgentCommandFailed } from './agent-client.ts';
 import { manifestToProto, verifyCheckpoint } from './checkpoints.ts';
 import { candidates, describeError, isTerminal } from './fleet.ts';
-import { GroupOps, type GroupOpsDeps } from './group-ops.ts';
+import { GroupOps, startUnderWay, type GroupOpsDeps } from './group-ops.ts';
 import { applyHostEvent } from './hosts.ts';
 import { decideEvacuationStep, turnWaitFor } from './evacuation-policy.ts';
 import { markEvacuation, markEvacuationRecord, type ImmediateLoss } from './evacuations.ts';
@@ -211,6 +211,9 @@ export class MigrationController {
   async #planRestore(g: GroupRecord, ev: Evacuation): Promise<StepResult> {
     const lc = g.lifecycle;
     const now = this.ctx.now();
+    // A start of the group got in first (a turn's begin): it runs, then the group is stopped for the
+    // move like any running one. Never a restore elsewhere while it may still start here.
+    if (startUnderWay(g, now)) return 'waiting';
     const ensured = await this.#ensureCheckpoint(g, ev);
     if (typeof ensured === 'string') return ensured;
     const record = ensured.record;
@@ -244,7 +247,7 @@ export class MigrationController {
     await this.hook('before_intent', g.groupId);
     const usable = assessment as CheckpointAssessment & { usable: true };
     await this.#ops.transition(g.groupId, { type: 'migration_started', targetHostId: target.hostId, assessment: usable }, `evacuation: ${ev.source}`,
-      (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion);
+      (c) => c.lifecycle.state === 'STOPPED' && c.lifecycle.generation === lc.generation && c.lifecycle.activityVersion === lc.activityVersion && !startUnderWay(c, this.ctx.now()));
     await this.hook('after_intent', g.groupId);
     return 'progress';
   }

@@ -322,6 +322,13 @@ export const GroupRecordSchema = z.object({
    * the fleet's `idleStopAfterMs`.
    */
   idleStopAfterMs: z.union([z.number().int().min(0).max(IDLE_STOP_MAX_MS), z.literal('never')]).optional(),
+  /**
+   * A start of the group's containers on its host is under way until this time (the start command's
+   * deadline plus clock skew; group-ops.ts start). No move of the group begins before it has passed,
+   * so a start and a drain never both act: the start's command is sent only once this is recorded
+   * (by compare-and-set, on a group no evacuation holds), and a migration waits for it.
+   */
+  startingUntilMs: ms.optional(),
   /** When the group became LOST: its layers are kept for the retention period from here (R-R6). */
   lostAtMs: ms.optional(),
   /** What made it LOST, in words (an agent's refusal message, a failed step), for operators. */
