@@ -38,10 +38,10 @@ describe('chaos: short seeded set', () => {
   for (const seed of SEEDS) {
     it(`seed ${seed}: no invariant violated, every acknowledged turn kept`, async () => {
       const log: string[] = [];
-      // No drain here until the drain-vs-start race is fixed (a start that loses to a planned
-      // migration leaves its container running on the source: seeds 1056 and 1072 of the soak show
-      // it; SF_CHAOS_DRAIN=1 turns drains on). The soak (`npm run chaos`) keeps them.
-      const r = await runSchedule(fleet, planSchedule(seed, DURATION_MS), (s) => log.push(s), { drain: process.env.SF_CHAOS_DRAIN === '1' });
+      // With the drain (SF_CHAOS_DRAIN=0 leaves it out): a turn's start racing a drain's migration
+      // of the same group once ran it on two hosts (soak seeds 1056 and 1072); a start now records
+      // its intent first and no migration begins while it is under way (start-vs-drain.test.ts).
+      const r = await runSchedule(fleet, planSchedule(seed, DURATION_MS), (s) => log.push(s), { drain: process.env.SF_CHAOS_DRAIN !== '0' });
       console.log(`chaos seed ${seed}: ${r.ackedOperations} acknowledged ops, faults ${r.faults.map((f) => `${f.kind}(${f.target}) recovered in ${f.recoveryS}s`).join(', ')}, ${r.lost} LOST with a reason`);
       expect(r.violations, `seed ${seed} (replay: npm run chaos -- --seed ${seed})\n${log.join('\n')}`).toEqual([]);
       expect(r.faults.length).toBe(planSchedule(seed, DURATION_MS).faults.length);
