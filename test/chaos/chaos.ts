@@ -6,6 +6,15 @@
 // comes from its seed (mulberry32), so `--seed N` replays the same plan; how the concurrent parts
 // interleave is up to the machine, as in any such test.
 //
+// Fault kinds: a NATS node SIGKILLed and restarted (nats_kill) or SIGSTOPped past its heartbeat
+// (nats_freeze); the leader replica crashed and a new one started (leader_crash); an agent
+// SIGKILLed and restarted (agent_kill) or SIGSTOPped (agent_freeze); a host's disk wiped
+// (dockerd_kill: dockerd SIGKILLed with its containers, data root deleted; the node comes back with
+// an empty engine, the sandbox image and a restarted agent); a byte flipped in a cached checkpoint
+// chunk (chunk_flip); a control-plane replica's clock stepped forward or back and later stepped
+// back (clock_jump: the replicas take time from the ControlPlane's injectable clock; the agent
+// binary reads the system clock and offers no seam to shift it, so agents' clocks are not jumped).
+//
 // A history of acknowledged operations is kept and checked against the final state (a small
 // linearizability-style check of the turn API: every acknowledged CompleteTurn stays counted and
 // its locator saved, and a group's session holds at least every acknowledged turn once it runs
@@ -17,6 +26,8 @@
 //   - every LOST group has a reason and a LOST event (else a silent loss);
 //   - no group in a transitional state (PENDING, STOPPING, MIGRATING, an evacuation mark) once the
 //     faults are over and the evacuation deadline has passed.
+// Agent reports the control plane fenced (a stale host speaking after its epoch ended) are counted
+// per schedule (fenced_reports), not judged: how many there are depends on the interleaving.
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -25,7 +36,7 @@ import { nativeSessionPath, writeNativeSession } from '../support/native-session
 import { waitFor, type ClusterFleet, type Replica } from './cluster-fleet.ts';
 import { isFinalRefusal, retryCall, SUCCESS } from './workload.ts';
 
-export const FAULT_KINDS = ['nats_kill', 'nats_freeze', 'leader_crash', 'agent_kill', 'agent_freeze', 'chunk_flip'] as const;
+export const FAULT_KINDS = ['nats_kill', 'nats_freeze', 'leader_crash', 'agent_kill', 'agent_freeze', 'chunk_flip', 'dockerd_kill', 'clock_jump'] as const;
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
 /** mulberry32: a small seeded PRNG, so a schedule is replayed from its seed. */
@@ -46,10 +57,24 @@ export interface PlannedFault {
   readonly atMs: number;
   /** How long the fault lasts before it is healed (restart, SIGCONT, new replica). */
   readonly holdMs: number;
-  /** Which node / host (index); unused for leader_crash. */
+  /** Which node / host / replica (index); unused for leader_crash. */
   readonly target: number;
-  /** chunk_flip: which cached chunk (a fraction of the sorted list) and which byte of it. */
+  /**
+   * chunk_flip: which cached chunk (a fraction of the sorted list) and which byte of it;
+   * clock_jump: how far and which way the clock steps (clockJumpMs).
+   */
   readonly pick: number;
+}
+
+/**
+ * A clock_jump's step: 0.5-2.5 s back (pick < 0.5) or forward. Within the clock skew the control
+ * plane allows for between its replicas (CLOCK_SKEW_MS, 5 s) and half the time a host has to
+ * heartbeat before it is declared dead here (heartbeat TTL + dead grace = 5 s in
+ * CLUSTER_FAST_CONFIG): larger steps break the fleet's stated assumptions rather than test them.
+ */
+export function clockJumpMs(pick: number): number {
+  const size = 500 + Math.floor(Math.abs(pick * 2 - 1) * 2_000);
+  return pick < 0.5 ? -size : size;
 }
 
 export interface SchedulePlan {
@@ -67,8 +92,9 @@ export function planSchedule(seed: number, durationMs: number, kinds: readonly F
     const kind = kinds[Math.floor(r() * kinds.length)]!;
     // Freezes last past the detection times: Raft heartbeats (~1 s) for NATS, heartbeat TTL +
     // dead grace (3 s + 2 s here) for an agent, sometimes not (a short stall must be ridden out).
+    // A clock stays stepped for as long before it is stepped back.
     const holdMs = kind === 'nats_freeze' ? 2_000 + Math.floor(r() * 6_000)
-      : kind === 'agent_freeze' ? 1_000 + Math.floor(r() * 8_000)
+      : kind === 'agent_freeze' || kind === 'clock_jump' ? 1_000 + Math.floor(r() * 8_000)
       : kind === 'leader_crash' || kind === 'chunk_flip' ? 0
       : 500 + Math.floor(r() * 4_000);
     return { kind, atMs, holdMs, target: Math.floor(r() * 3), pick: r() };
@@ -99,6 +125,8 @@ export interface ScheduleResult {
   readonly silentLosses: number;
   readonly lost: number;
   readonly groups: number;
+  /** Agent reports fenced by the control plane during the schedule (sandboxfleet_fenced_reports_total). */
+  readonly fencedReports: number;
   readonly wallS: number;
 }
 
@@ -124,6 +152,7 @@ export interface WorkloadOptions {
 
 export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: (s: string) => void = () => undefined, opts: WorkloadOptions = {}): Promise<ScheduleResult> {
   const started = Date.now();
+  const fencedBefore = await fleet.fencedReports();
   const r = rng(plan.seed ^ 0x5eed);
   const violations: string[] = [];
   const history = new Map<string, GroupHistory>();
@@ -322,6 +351,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     silentLosses,
     lost,
     groups: history.size,
+    fencedReports: (await fleet.fencedReports()) - fencedBefore,
     wallS: (Date.now() - started) / 1000,
   };
 }
@@ -414,6 +444,32 @@ async function inject(fleet: ClusterFleet, f: PlannedFault, log: (s: string) => 
       log(`  fault chunk_flip ${fleet.hostIds[i]} ${file.slice(-16)}`);
       return healed(`${fleet.hostIds[i]}:chunk`);
     }
+    case 'dockerd_kill': {
+      // The host's disk is wiped under its running agent (which sees the data root go and reports
+      // it), then the node comes back: a fresh, empty dockerd on the same paths, the sandbox image
+      // loaded as the node's bootstrap would, and the agent restarted (data loss is sticky for the
+      // life of an agent process, so only a new one can serve the new engine).
+      const i = f.target % fleet.hosts.length;
+      log(`  fault dockerd_kill ${fleet.hostIds[i]} (data root deleted) for ${f.holdMs} ms`);
+      await fleet.wipeDocker(i);
+      await sleep(f.holdMs);
+      const at = Date.now();
+      await fleet.restoreDocker(i);
+      await fleet.killAgent(i);
+      await fleet.startAgent(i);
+      return healed(fleet.hostIds[i]!, at);
+    }
+    case 'clock_jump': {
+      const replica = fleet.replicas[f.target % Math.max(1, fleet.replicas.length)];
+      if (replica === undefined) return healed('none');
+      const jumpMs = clockJumpMs(f.pick);
+      log(`  fault clock_jump ${replica.id}${replica.plane.leader.isLeader ? ' (leader)' : ''} ${jumpMs > 0 ? '+' : ''}${jumpMs} ms for ${f.holdMs} ms`);
+      fleet.jumpClock(replica, jumpMs);
+      await sleep(f.holdMs);
+      // Corrected (NTP steps it back): a jump the other way, as sudden as the first.
+      fleet.jumpClock(replica, -jumpMs);
+      return healed(replica.id);
+    }
     case 'agent_freeze': {
       const i = f.target % fleet.hosts.length;
       const agent = fleet.agents.get(fleet.hostIds[i]!);
@@ -478,6 +534,7 @@ export interface ChaosFigures {
   readonly double_running: number;
   readonly silent_losses: number;
   readonly lost_with_reason: number;
+  readonly fenced_reports: number;
   readonly recovery_p50_s_by_kind: Record<string, number>;
   readonly recovery_p99_s_by_kind: Record<string, number>;
 }
@@ -506,6 +563,7 @@ export function figures(results: readonly ScheduleResult[]): ChaosFigures {
     double_running: results.reduce((a, r) => a + r.doubleRunning, 0),
     silent_losses: results.reduce((a, r) => a + r.silentLosses, 0),
     lost_with_reason: results.reduce((a, r) => a + r.lost - r.silentLosses, 0),
+    fenced_reports: results.reduce((a, r) => a + r.fencedReports, 0),
     recovery_p50_s_by_kind: Object.fromEntries(Object.entries(byKind).map(([k, v]) => [k, quantile(v, 0.5)])),
     recovery_p99_s_by_kind: Object.fromEntries(Object.entries(byKind).map(([k, v]) => [k, quantile(v, 0.99)])),
   };

@@ -6,6 +6,10 @@
 // closes its connection first and only then stops it: nothing it did not already write reaches
 // NATS, and its leader lease is not given up (the resign fails on the closed connection), so the
 // next leader waits for the lease to expire as after a SIGKILL of a control-plane pod.
+// Each replica takes its time from its own clock (the ControlPlane's injectable `now`): the real
+// clock plus an offset the chaos runner can jump at run time (jumpClock), as NTP stepping the
+// clock of the node a control-plane pod runs on would. A host's engine can be wiped (wipeDocker:
+// dockerd SIGKILLed, data root deleted) and brought back empty on the same paths (restoreDocker).
 import type { NatsConnection } from '@nats-io/transport-node';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ControlPlaneConfigSchema, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
@@ -21,7 +25,7 @@ import { StateStore } from '../../src/store/connection.ts';
 import { spawnAgent, TEST_AGENT_SHA, type ChildAgent } from '../support/agent.ts';
 import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../support/docker.ts';
 import { startNatsCluster, type NatsCluster } from '../support/nats-cluster.ts';
-import { provisionSandboxImage, type SandboxImage } from '../support/sandbox-image.ts';
+import { loadImage, provisionSandboxImage, type SandboxImage } from '../support/sandbox-image.ts';
 
 /** Short timings so faults are noticed and repaired within seconds. */
 export const CLUSTER_FAST_CONFIG: Partial<ControlPlaneConfig> = {
@@ -43,6 +47,8 @@ export interface Replica {
   readonly plane: ControlPlane;
   readonly nc: NatsConnection;
   readonly metrics: FleetMetrics;
+  /** offsetMs: what this replica's clock reads more than the real one; jumpClock moves it. */
+  readonly clock: { offsetMs: number };
   crashed: boolean;
 }
 
@@ -65,6 +71,14 @@ export interface ClusterFleet {
   /** Start the host agent binary for host `i` (after a kill, the same host id and engine). */
   startAgent(i: number): Promise<ChildAgent>;
   killAgent(i: number): Promise<void>;
+  /** Host `i`'s disk wiped: dockerd SIGKILLed with its containers, data root and exec root deleted. */
+  wipeDocker(i: number): Promise<void>;
+  /** A fresh dockerd on host `i`'s paths, with the sandbox image loaded (the node's bootstrap). */
+  restoreDocker(i: number): Promise<void>;
+  /** Jump replica `r`'s clock by `deltaMs` (either way); every later `now()` of it reads the new time. */
+  jumpClock(r: Replica, deltaMs: number): void;
+  /** Agent reports the control plane rejected for a stale epoch or generation, over every replica ever started. */
+  fencedReports(): Promise<number>;
   group(groupId: string): Promise<GroupRecord | undefined>;
   host(hostId: string): Promise<HostRecord | undefined>;
   waitReady(hostId: string, timeoutMs?: number): Promise<void>;
@@ -113,6 +127,8 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
   const config = ControlPlaneConfigSchema.parse({ ...CLUSTER_FAST_CONFIG, allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId], ...overrides });
   const hostIds = hosts.map((_, i) => dockerHostName(i));
   const replicas: Replica[] = [];
+  // Crashed replicas' counters too: a fenced report is counted by whichever replica received it.
+  const everyMetrics: FleetMetrics[] = [];
   const agents = new Map<string, ChildAgent>();
   const groups = store.shardedRepository('groups', GroupRecordSchema);
   const hostRepo = store.repository('hosts', HostRecordSchema);
@@ -125,9 +141,11 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       const rStore = await StateStore.open(nc, { replicas: 3, buckets: CONTROL_PLANE_BUCKETS });
       const chunks = await ChunkStore.open(nc, { replicas: 3 });
       const metrics = new FleetMetrics();
-      const plane = new ControlPlane({ config, nc, store: rStore, chunks, metrics, logger: createLogger({ name: `cp-${id}`, level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA, replicaId: id });
+      everyMetrics.push(metrics);
+      const clock = { offsetMs: 0 };
+      const plane = new ControlPlane({ config, nc, store: rStore, chunks, metrics, logger: createLogger({ name: `cp-${id}`, level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA, replicaId: id, now: () => Date.now() + clock.offsetMs });
       await plane.start();
-      const r: Replica = { id, plane, nc, metrics, crashed: false };
+      const r: Replica = { id, plane, nc, metrics, clock, crashed: false };
       replicas.push(r);
       return r;
     },
@@ -153,6 +171,21 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       agent.kill('SIGKILL');
       await agent.exited;
       agents.delete(hostIds[i]!);
+    },
+    async wipeDocker(i) {
+      await hosts[i]!.wipe();
+    },
+    async restoreDocker(i) {
+      await hosts[i]!.restart();
+      await loadImage(hosts[i]!.docker, image);
+    },
+    jumpClock(r, deltaMs) {
+      r.clock.offsetMs += deltaMs;
+    },
+    async fencedReports() {
+      let n = 0;
+      for (const m of everyMetrics) for (const v of (await m.fencedReports.get()).values) n += v.value;
+      return n;
     },
     async group(groupId) {
       return (await groups.get(Keys.group(groupId)))?.value;

@@ -59,7 +59,7 @@ try {
     const r = await runSchedule(fleet, plan, (s) => console.log(s));
     results.push(r);
     const verdict = r.violations.length === 0 ? 'ok' : `VIOLATIONS ${r.violations.length}`;
-    console.log(`seed ${seed}: ${verdict}; ${r.ackedOperations} acknowledged ops, ${r.groups} groups (${r.lost} LOST with a reason), recovery ${r.faults.map((f) => `${f.kind}=${f.recoveryS}s`).join(' ')}, ${r.wallS.toFixed(0)} s`);
+    console.log(`seed ${seed}: ${verdict}; ${r.ackedOperations} acknowledged ops, ${r.groups} groups (${r.lost} LOST with a reason), ${r.fencedReports} fenced reports, recovery ${r.faults.map((f) => `${f.kind}=${f.recoveryS}s`).join(' ')}, ${r.wallS.toFixed(0)} s`);
     for (const v of r.violations) console.log(`  ${v}   (replay: npm run chaos -- --seed ${seed})`);
     await mkdir(dirname(values.out), { recursive: true });
     await writeFile(values.out, `${JSON.stringify({ command: `npm run chaos -- ${process.argv.slice(2).join(' ')}`.trim(), duration_ms: durationMs, ...figures(results) }, null, 2)}\n`);
@@ -68,5 +68,5 @@ try {
   await stop();
 }
 const f = figures(results);
-console.log(`chaos: ${f.schedules} schedules, ${f.acked_operations} acknowledged ops, faults ${JSON.stringify(f.faults_by_kind)}, violations ${f.violations}, acked writes lost ${f.acked_writes_lost}, double running ${f.double_running}, silent losses ${f.silent_losses}; figures in ${values.out}`);
+console.log(`chaos: ${f.schedules} schedules, ${f.acked_operations} acknowledged ops, faults ${JSON.stringify(f.faults_by_kind)}, violations ${f.violations}, acked writes lost ${f.acked_writes_lost}, double running ${f.double_running}, silent losses ${f.silent_losses}, fenced reports ${f.fenced_reports}; figures in ${values.out}`);
 process.exit(f.violations === 0 ? 0 : 1);

@@ -28,12 +28,20 @@ export interface DockerHost {
   readonly logPath: string;
   /** dockerode client bound to this host's socket. */
   readonly docker: Docker;
-  /** pid of the dockerd process. */
+  /** pid of the dockerd process (a new one after restart()). */
   readonly pid: number;
   /** SIGTERM, wait, SIGKILL fallback; kills leftover containerd/shims/container processes. Idempotent. */
   stop(): Promise<void>;
   /** stop(), then unmount leftovers and delete the whole host directory. Idempotent. */
   destroy(): Promise<void>;
+  /**
+   * A node whose disk was wiped: SIGKILL dockerd, reap its containerd, shims and container
+   * processes, then unmount and delete its data root and exec root. The host directory, socket
+   * path and log stay, so restart() can bring a fresh, empty engine back on the same paths.
+   */
+  wipe(): Promise<void>;
+  /** A fresh dockerd on the same socket and paths (after wipe() or stop()); waits for /_ping. */
+  restart(): Promise<void>;
 }
 
 export interface StartDockerHostOptions {
@@ -236,36 +244,30 @@ function tail(file: string, lines = 30): string {
   }
 }
 
-/**
- * Start one dockerd as a separate host and wait until it answers /_ping. Each dockerd spawns its
- * own managed containerd (socket under its exec root): verified to run 2–3 side by side.
- */
-export async function startDockerHost(options: StartDockerHostOptions = {}): Promise<DockerHost> {
-  await reapStaleHosts();
-  const name = options.name ?? 'host';
-  const dir = mkdtempSync(HOST_DIR_PREFIX);
-  writeFileSync(join(dir, OWNER_FILE), `${process.pid}\n`);
-  const socketPath = join(dir, 'd.sock');
-  const dataRoot = join(dir, 'data');
-  const execRoot = join(dir, 'x');
-  const pidFile = join(dir, 'dockerd.pid');
-  const logPath = join(dir, 'dockerd.log');
-  // An explicit empty config file: dockerd otherwise reads /etc/docker/daemon.json, whose settings
-  // (hosts, data-root, bridge) would conflict with the flags or with other hosts.
-  const configFile = join(dir, 'daemon.json');
-  writeFileSync(configFile, '{}\n');
+interface DockerdPaths {
+  readonly dir: string;
+  readonly socketPath: string;
+  readonly dataRoot: string;
+  readonly execRoot: string;
+  readonly pidFile: string;
+  readonly logPath: string;
+  readonly configFile: string;
+}
+
+/** Spawn dockerd on `p` and wait until it answers /_ping; on failure it is killed and the log tail thrown. */
+async function launchDockerd(p: DockerdPaths, name: string, startTimeoutMs: number): Promise<{ child: ChildProcess; pid: number }> {
   const args = [
-    '--data-root', dataRoot,
-    '--exec-root', execRoot,
-    '--pidfile', pidFile,
-    '--config-file', configFile,
-    '-H', `unix://${socketPath}`,
+    '--data-root', p.dataRoot,
+    '--exec-root', p.execRoot,
+    '--pidfile', p.pidFile,
+    '--config-file', p.configFile,
+    '-H', `unix://${p.socketPath}`,
     '--bridge=none', '--iptables=false', '--ip-masq=false', '--ip-forward=false', '--ip6tables=false',
     '--storage-driver', 'overlay2',
     // dockerd stops running containers on shutdown with this timeout; tests want it quick.
     '--shutdown-timeout', '3',
   ];
-  const logFd = openSync(logPath, 'a');
+  const logFd = openSync(p.logPath, 'a');
   let child: ChildProcess;
   try {
     child = spawn(toolPath('dockerd'), args, { detached: true, stdio: ['ignore', logFd, logFd] });
@@ -274,22 +276,47 @@ export async function startDockerHost(options: StartDockerHostOptions = {}): Pro
   }
   child.unref();
   const pid = child.pid;
-  if (pid === undefined) throw new Error(`dockerd for ${name} did not start (see ${logPath})`);
+  if (pid === undefined) throw new Error(`dockerd for ${name} did not start (see ${p.logPath})`);
 
-  const deadline = Date.now() + (options.startTimeoutMs ?? 30_000);
-  let up = false;
+  const deadline = Date.now() + startTimeoutMs;
   while (Date.now() < deadline) {
     if (child.exitCode !== null || child.signalCode !== null) break;
-    if (existsSync(socketPath) && (await ping(socketPath))) {
-      up = true;
-      break;
-    }
+    if (existsSync(p.socketPath) && (await ping(p.socketPath))) return { child, pid };
     await sleep(100);
   }
-  if (!up) {
-    const log = tail(logPath);
+  if (isAlive(pid)) killIfOurs(pid, p.dir, 'SIGKILL');
+  throw new Error(`dockerd for ${name} did not answer /_ping:\n${tail(p.logPath)}`);
+}
+
+/**
+ * Start one dockerd as a separate host and wait until it answers /_ping. Each dockerd spawns its
+ * own managed containerd (socket under its exec root): verified to run 2–3 side by side.
+ */
+export async function startDockerHost(options: StartDockerHostOptions = {}): Promise<DockerHost> {
+  await reapStaleHosts();
+  const name = options.name ?? 'host';
+  const startTimeoutMs = options.startTimeoutMs ?? 30_000;
+  const dir = mkdtempSync(HOST_DIR_PREFIX);
+  writeFileSync(join(dir, OWNER_FILE), `${process.pid}\n`);
+  const paths: DockerdPaths = {
+    dir,
+    socketPath: join(dir, 'd.sock'),
+    dataRoot: join(dir, 'data'),
+    execRoot: join(dir, 'x'),
+    pidFile: join(dir, 'dockerd.pid'),
+    logPath: join(dir, 'dockerd.log'),
+    // An explicit empty config file: dockerd otherwise reads /etc/docker/daemon.json, whose settings
+    // (hosts, data-root, bridge) would conflict with the flags or with other hosts.
+    configFile: join(dir, 'daemon.json'),
+  };
+  writeFileSync(paths.configFile, '{}\n');
+  let child: ChildProcess;
+  let pid: number;
+  try {
+    ({ child, pid } = await launchDockerd(paths, name, startTimeoutMs));
+  } catch (err) {
     await removeHostDir(dir).catch(() => undefined);
-    throw new Error(`dockerd for ${name} did not answer /_ping:\n${log}`);
+    throw err;
   }
 
   let stopped = false;
@@ -321,18 +348,47 @@ export async function startDockerHost(options: StartDockerHostOptions = {}): Pro
     await stop();
     await removeHostDir(dir);
   };
+  const wipe = async (): Promise<void> => {
+    if (destroyed) throw new Error(`${name} is destroyed`);
+    stopped = true;
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+    await waitExit(child, pid, 5_000);
+    // What the killed dockerd left (containerd, shims, container processes and their cgroups, found
+    // through the data root), then the mounts under the roots, then the roots themselves.
+    killLeftovers(dir);
+    await removeCgroups(dir);
+    for (const root of [paths.dataRoot, paths.execRoot]) {
+      await unmountUnder(root);
+      rmSync(root, { recursive: true, force: true });
+    }
+    rmSync(paths.pidFile, { force: true });
+  };
+  const restart = async (): Promise<void> => {
+    if (destroyed) throw new Error(`${name} is destroyed`);
+    if (!stopped) throw new Error(`${name}: restart() of a running dockerd (stop() or wipe() it first)`);
+    ({ child, pid } = await launchDockerd(paths, name, startTimeoutMs));
+    stopped = false;
+  };
   return {
     name,
     dir,
-    socketPath,
-    dataRoot,
-    execRoot,
-    pidFile,
-    logPath,
-    docker: new Docker({ socketPath }),
-    pid,
+    socketPath: paths.socketPath,
+    dataRoot: paths.dataRoot,
+    execRoot: paths.execRoot,
+    pidFile: paths.pidFile,
+    logPath: paths.logPath,
+    docker: new Docker({ socketPath: paths.socketPath }),
+    get pid() {
+      return pid;
+    },
     stop,
     destroy,
+    wipe,
+    restart,
   };
 }
 

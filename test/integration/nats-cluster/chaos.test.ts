@@ -2,15 +2,21 @@
 // replay one: `npm run chaos -- --seed N`). A 3-node NATS cluster with everything R3, two
 // control-plane replicas, the agent binary on 3 dockerd hosts; each seed below is a live workload
 // through the runner API under 1-3 seeded faults (NATS node SIGKILL + restart, NATS node SIGSTOP,
-// leader replica crash, agent SIGKILL, agent SIGSTOP, a byte flipped in a cached chunk), checked
-// against its history of acknowledged operations (test/chaos/chaos.ts). Seeds that once found a
-// defect stay listed as regression cases.
+// leader replica crash, agent SIGKILL, agent SIGSTOP, a host's disk wiped under dockerd, a byte
+// flipped in a cached chunk, a replica's clock stepped), checked against its history of
+// acknowledged operations (test/chaos/chaos.ts). Seeds that once found a defect stay listed as
+// regression cases. Adding a fault kind changes every seed's plan: pick seeds again so that they
+// still cover every kind.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startClusterFleet, type ClusterFleet } from '../../chaos/cluster-fleet.ts';
 import { FAULT_KINDS, planSchedule, readyFleet, runSchedule } from '../../chaos/chaos.ts';
 
-/** Seeds whose plans between them inject every fault kind (checked below). */
-const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,81').split(',').map(Number);
+/**
+ * Seeds whose plans between them inject every fault kind (checked below): 2 clock_jump,
+ * dockerd_kill, agent_kill; 81 nats_kill, nats_freeze, agent_freeze; 83 chunk_flip, leader_crash,
+ * agent_freeze.
+ */
+const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,81,83').split(',').map(Number);
 const DURATION_MS = 15_000;
 
 let fleet: ClusterFleet;
