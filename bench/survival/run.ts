@@ -8,6 +8,11 @@
 //      dockerd SIGKILL, data root deleted) at a random moment. survived_fraction_not_mid_turn = groups
 //      of that host restored with their session / its groups with no turn in flight at the death;
 //      restored_older_than_last_turn counts restored sessions missing a completed turn (must be 0).
+//      --real-claude of the conversations (default 3, 1 in a smoke run), placed on the host that
+//      dies, run every turn with the real pinned Claude Code CLI through the fleet (RunTurn, `claude -p`
+//      per turn) against the loopback fake Messages API of test/support/fake-model-api.ts; a restored
+//      one must be resumed by the real CLI (RESTORED, same locator, the model receiving every
+//      completed turn's messages before the new prompt), else the setting lists a violation.
 //      Time is compressed (--compress, default 20): 1 min runs as 3 s, 10 min as 30 s, the gaps as
 //      well, so an hour of conversation fits in a minute; the stop and checkpoint themselves are not
 //      compressed (the figures for the short settings are pessimistic by that much).
@@ -20,22 +25,24 @@
 //      deadline (what the host says, cross-checked against the checkpoints' creation times).
 // Writes bench/results/survival.json (a --smoke run: tiny sizes, to --out or a temp dir).
 //
-//   node --import tsx bench/survival/run.ts [--conversations 50] [--workload-ms 60000] [--compress 20] [--seed N]
+//   node --import tsx bench/survival/run.ts [--conversations 50] [--real-claude 3] [--workload-ms 60000] [--compress 20] [--seed N]
 //        [--spot-groups 100] [--spot-mib 20] [--notice-ms 30000] [--smoke] [--out DIR]
 //   node --import tsx bench/survival/run.ts --spot-only [--spot-parallelism N] [--no-restore-wait]   (printed, not written)
 import { cpus, loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import type { IdleStopAfter } from '../../src/core/idle-stop.ts';
+import { CLAUDE_CODE_VERSION } from '../../test/support/claude-code.ts';
 import { BENCH_OPTIONS, startBench, writeResult } from '../common.ts';
 import { runSpotCapacity, runSurvival, type SurvivalResult } from './scenario.ts';
 
 const { values } = parseArgs({ options: {
-  conversations: { type: 'string' }, 'workload-ms': { type: 'string' }, compress: { type: 'string' }, seed: { type: 'string' },
+  conversations: { type: 'string' }, 'real-claude': { type: 'string' }, 'workload-ms': { type: 'string' }, compress: { type: 'string' }, seed: { type: 'string' },
   'spot-groups': { type: 'string' }, 'spot-mib': { type: 'string' }, 'notice-ms': { type: 'string' }, 'spot-only': { type: 'boolean', default: false }, 'spot-parallelism': { type: 'string' }, 'no-restore-wait': { type: 'boolean', default: false }, ...BENCH_OPTIONS,
 } });
 const run = startBench('survival', values);
 const sized = (flag: string | undefined, full: number, smoke: number): number => Number(flag ?? (run.smoke ? smoke : full));
 const CONVERSATIONS = sized(values.conversations, 50, 9);
+const REAL_CLAUDE = sized(values['real-claude'], 3, 1);
 const WORKLOAD_MS = sized(values['workload-ms'], 60_000, 8_000);
 const COMPRESS = sized(values.compress, 20, 20);
 const SEED = sized(values.seed, Math.floor(Math.random() * 2 ** 31), Math.floor(Math.random() * 2 ** 31));
@@ -69,10 +76,10 @@ async function main(): Promise<void> {
   const log = (l: string) => console.log(`[survival] ${l}`);
   const runs: Record<string, SurvivalResult> = {};
   for (const s of SETTINGS) {
-    log(`setting ${s.name}: ${CONVERSATIONS} conversations, workload ${WORKLOAD_MS} ms, seed ${SEED}`);
+    log(`setting ${s.name}: ${CONVERSATIONS} conversations (${REAL_CLAUDE} on the real Claude Code), workload ${WORKLOAD_MS} ms, seed ${SEED}`);
     runs[s.name] = await runSurvival({
       conversations: CONVERSATIONS, idleStopAfterMs: s.idle, workloadMs: WORKLOAD_MS, meanGapMs: (GAP_MIN * 60_000) / COMPRESS, turnMs: [200, 1_500],
-      seed: SEED, mode: 'kill', log,
+      seed: SEED, mode: 'kill', realClaude: REAL_CLAUDE, log,
     });
     const r = runs[s.name]!;
     log(`setting ${s.name}: ${r.victim} died with ${r.groupsOnVictim} groups; survived_fraction_not_mid_turn ${r.survivedFractionNotMidTurn.toFixed(3)}; violations ${r.violations.length}`);
@@ -102,11 +109,17 @@ async function main(): Promise<void> {
       idle_stop_after_ms_compressed: r.idleStopAfterMs, victim: r.victim, groups_on_victim: r.groupsOnVictim, death_after_ms: r.deathAfterMs, turns_completed: r.turnsCompleted,
       mid_turn: by((o) => o.midTurn), protected_at_death: by((o) => o.protectedAtDeath), restored: by((o) => o.result === 'restored'), lost: by((o) => o.result === 'lost'),
       unsettled: by((o) => o.result === 'unsettled'), unprotected_not_mid_turn: r.unprotectedNotMidTurn, unprotected_reported: r.reportedUnprotected, unprotected_reports: r.unprotectedReports, lost_reasons: reasons,
-      survived_fraction_not_mid_turn: r.survivedFractionNotMidTurn, restored_older_than_last_turn: r.restoredOlderThanLastTurn, violations: r.violations,
+      survived_fraction_not_mid_turn: r.survivedFractionNotMidTurn, restored_older_than_last_turn: r.restoredOlderThanLastTurn,
+      real_claude: {
+        conversations: r.realClaudeGroups.length, turns_completed: r.realClaudeTurnsCompleted, on_victim: by((o) => o.realClaude === true),
+        restored_with_history: by((o) => o.realClaude === true && o.result === 'restored' && o.historyCarried === true), lost: by((o) => o.realClaude === true && o.result === 'lost'),
+        turn_p50_ms: percentile(r.realClaudeTurnMs, 50), turn_failures: r.realClaudeTurnFailures,
+      },
+      violations: r.violations,
     }];
   }));
   const notes = [
-    `workload: ${CONVERSATIONS} conversations (one Claude Code member each) on 3 dockerd hosts, seed ${SEED}; each turn writes one history line to the member's native session file (as the CLI does) and ends with an exit the runner saw (claude -p per turn); turns last 0.2-1.5 s; idle gaps uniform in [0, ${2 * GAP_MIN}] min, time compressed ${COMPRESS}x (so ${WORKLOAD_MS / 1000} s of wall time = ${Math.round((WORKLOAD_MS * COMPRESS) / 60_000)} min of conversation); the same seed for every setting.`,
+    `workload: ${CONVERSATIONS} conversations (one Claude Code member each) on 3 dockerd hosts, seed ${SEED}; in ${CONVERSATIONS - REAL_CLAUDE} of them each turn writes one history line to the member's native session file (as the CLI does) and ends with an exit the runner saw (claude -p per turn), turns last 0.2-1.5 s; in ${REAL_CLAUDE} (placed on the host that dies) each turn runs the real Claude Code ${CLAUDE_CODE_VERSION} through RunTurn against a loopback fake Messages API (${Object.values(runs).reduce((n, r) => n + r.realClaudeTurnsCompleted, 0)} real turns over all settings; restored ones must be resumed by the CLI with every completed turn in the model's request); idle gaps uniform in [0, ${2 * GAP_MIN}] min, time compressed ${COMPRESS}x (so ${WORKLOAD_MS / 1000} s of wall time = ${Math.round((WORKLOAD_MS * COMPRESS) / 60_000)} min of conversation); the same seed for every setting.`,
     `death: the host holding the most groups, at a random moment in the second half of the workload: agent (child process) and dockerd SIGKILLed, data root deleted. A group survives when it was stopped cleanly with a checkpoint of its state: restored on another host, its next turn RESTORED with the same locator and every completed turn in its session file.`,
     `idle 0: CompleteTurn answers only once the group is stopped cleanly with a checkpoint of its state, so a conversation not mid-turn for its runner (it holds the answer of its last turn) is protected unless that completion reported it could not be (turn_end_unprotected): ${idle0.unprotectedNotMidTurn} of the dead host's ${idle0.groupsOnVictim} groups had no turn in flight and were unprotected at the death (${idle0.reportedUnprotected} of them reported), ${idle0.outcomes.filter((x) => x.midTurn).length} were mid-turn (a begin, the turn, or its completion's stop and checkpoint under way); survived_fraction_not_mid_turn_idle0 = ${idle0.survivedFractionNotMidTurn.toFixed(3)}.`,
     `turn overhead of idle 0 (BeginTurn + CompleteTurn per completed turn): p50 ${percentile(calls0, 50).toFixed(0)} ms / p99 ${percentile(calls0, 99).toFixed(0)} ms (idle 0, ${calls0.length} turns) vs ${percentile(callsNever, 50).toFixed(0)} / ${percentile(callsNever, 99).toFixed(0)} ms (${never === undefined ? 'this run\'s begins on running groups' : `never, ${callsNever.length} turns`}). CompleteTurn alone p50/p99 ${percentile(idle0.completeMs, 50).toFixed(0)}/${percentile(idle0.completeMs, 99).toFixed(0)} ms (idle 0: clean stop + checkpoint before the answer) vs ${never === undefined ? 'n/a' : `${percentile(never.completeMs, 50).toFixed(0)}/${percentile(never.completeMs, 99).toFixed(0)} ms (never)`}; BeginTurn p50/p99 ${percentile(begins0, 50).toFixed(0)}/${percentile(begins0, 99).toFixed(0)} ms (idle 0, ${idle0.beginStoppedMs.length} of ${begins0.length} on stopped groups: container start + attach, p50/p99 ${restartP50.toFixed(0)}/${restartP99.toFixed(0)} ms) vs ${percentile(beginsNever, 50).toFixed(0)}/${percentile(beginsNever, 99).toFixed(0)} ms (running groups). The CLI's own part of a turn is the same in both.`,
@@ -119,6 +132,7 @@ async function main(): Promise<void> {
     machine: { cpus: cpus().length },
     seed: SEED,
     conversations: CONVERSATIONS,
+    real_claude_conversations: REAL_CLAUDE,
     time_compression: COMPRESS,
     survived_fraction_not_mid_turn: fractions,
     survived_fraction_not_mid_turn_idle0: idle0.survivedFractionNotMidTurn,

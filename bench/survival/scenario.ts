@@ -11,10 +11,21 @@
 // RESTORED with the same locator and its session file holds every completed turn) or LOST with its
 // reason; the result says which, and whether it was protected (stopped cleanly with a checkpoint of
 // its state) at the moment of death.
+// `realClaude: N`: N of the conversations, placed on the host holding the most groups (the one that
+// dies), run every turn with the real pinned Claude Code CLI through the fleet (RunTurn: `claude -p`
+// per turn in the member container, test/support/claude-code.ts) against the loopback fake Messages
+// API (test/support/fake-model-api.ts: the named seam of the request-history tests; it records what
+// the model receives). Every host then runs the sandbox image with the CLI and host networking for
+// its members. A restored one must resume its session with the real CLI: the turn after the restore
+// is RESTORED with the same locator and the model receives every completed turn's messages, in
+// order, before the new prompt. With deathRightAfterTurn the host dies right after one of THEIR
+// answers, while another one's turn is held at the fake model API (in flight at the death: LOST).
 import { randomUUID } from 'node:crypto';
 import { rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type Docker from 'dockerode';
+import type { RunTurnEndView } from '../../src/core/exec-port.ts';
+import type { BeginTurnView } from '../../src/core/runner-port.ts';
 import { ControlPlaneConfigSchema } from '../../src/config/control-plane.ts';
 import { CONTROL_PLANE_BUCKETS } from '../../src/control-plane/buckets.ts';
 import { ControlPlane } from '../../src/control-plane/control-plane.ts';
@@ -26,11 +37,14 @@ import { silentLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { StateStore } from '../../src/store/connection.ts';
-import { TEST_AGENT_SHA, spawnAgent, startAgent, type ChildAgent, type InProcessAgent } from '../../test/support/agent.ts';
+import { TEST_AGENT_SHA, startAgent, type ChildAgent, type InProcessAgent } from '../../test/support/agent.ts';
+import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles } from '../../test/support/claude-code.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
+import { ackMarker, history, startFakeModelApi, textOf, type FakeModelApi } from '../../test/support/fake-model-api.ts';
 import { startTestNats, type TestNats } from '../../test/support/nats.ts';
 import { nativeSessionPath, writeNativeSession } from '../../test/support/native-session.ts';
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
+import { spawnSurvivalAgent } from './host-agent.ts';
 
 const CLI = 'claude_code';
 /** A `claude -p` turn: the native turn ended, the process exited and the runner saw it exit. */
@@ -58,6 +72,11 @@ export interface SurvivalOptions {
    * idleStopAfter 0 that conversation must be restored (its answer means protected).
    */
   readonly deathRightAfterTurn?: boolean;
+  /**
+   * Conversations whose turns run the real pinned Claude Code CLI through the fleet (RunTurn) against
+   * the loopback fake Messages API; placed on the host holding the most groups. Default 0.
+   */
+  readonly realClaude?: number;
   readonly log?: (line: string) => void;
 }
 
@@ -79,6 +98,14 @@ export interface GroupOutcome {
   /** Restored: history lines in the restored session file (one per completed turn). */
   readonly restoredHistoryLines?: number | undefined;
   readonly restoredOlderThanLastTurn?: boolean | undefined;
+  /** Its turns ran the real Claude Code CLI (RunTurn, fake Messages API). */
+  readonly realClaude?: boolean | undefined;
+  /** Real Claude: its turn was held at the fake model API when the host died (in flight). */
+  readonly heldAtDeath?: boolean | undefined;
+  /** Real Claude, restored: what the model received on the turn after the restore (role:markers). */
+  readonly modelHistory?: readonly string[] | undefined;
+  /** Real Claude, restored: that request carried every completed turn, in order, then the new prompt. */
+  readonly historyCarried?: boolean | undefined;
 }
 
 export interface SurvivalResult {
@@ -112,6 +139,13 @@ export interface SurvivalResult {
   /** BeginTurn latency: on a stopped group (start + attach) and on a running one, ms. */
   readonly beginStoppedMs: readonly number[];
   readonly beginRunningMs: readonly number[];
+  /** Real Claude: the conversations' groups, and their turns completed before the death. */
+  readonly realClaudeGroups: readonly string[];
+  readonly realClaudeTurnsCompleted: number;
+  /** Real Claude: each completed RunTurn, begin to end (restart, the CLI's turn, stop and checkpoint with idle 0), ms. */
+  readonly realClaudeTurnMs: readonly number[];
+  /** Real Claude: turns that failed while their host was alive (begins refused are retried). */
+  readonly realClaudeTurnFailures: readonly string[];
 }
 
 /** mulberry32: a small seeded PRNG (the workload must be replayable from its seed). */
@@ -186,7 +220,35 @@ interface Conversation {
   inTurn: boolean;
   /** Turns stop being started once set (the death, or the notice). */
   frozen: boolean;
+  /** Real Claude: its turns' marker words (MARK-C<index>T<n>), completed ones, the one in flight. */
+  real: boolean;
+  readonly index: number;
+  readonly markers: string[];
+  pendingMarker: string | undefined;
+  /** Real Claude: the caller's side of its RunTurn in flight (aborted at the death: it went away). */
+  abort: AbortController | undefined;
+  /** Its workload loop has ended (the death, or a turn that failed). */
+  done: boolean;
 }
+
+/** A whole turn through the fleet's RunTurn (the backend the gRPC API serves): its begin, its end, or what it failed with. */
+async function runTurnOf(cp: ControlPlane, key: string, c: Conversation, marker: string, signal: AbortSignal): Promise<{ begun: BeginTurnView | undefined; end: RunTurnEndView | undefined; error: unknown }> {
+  let begun: BeginTurnView | undefined;
+  let end: RunTurnEndView | undefined;
+  try {
+    for await (const e of cp.exec.runTurn({ idempotencyKey: key, groupId: c.groupId, memberId: 'm1', prompt: `Please remember ${marker}.`, model: '', timeoutMs: 120_000 }, signal)) {
+      if (e.kind === 'begun') begun = e.begun;
+      else if (e.kind === 'end') end = e.end;
+    }
+    return { begun, end, error: undefined };
+  } catch (error) {
+    return { begun, end, error };
+  }
+}
+
+const sameList = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x, i) => x === b[i]);
+/** The marker words of a history() entry (`user:MARK-A,MARK-B` → both). */
+const markersOf = (entry: string): string[] => entry.slice(entry.indexOf(':') + 1).split(',').filter((m) => m !== '');
 
 export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
   const log = o.log ?? (() => undefined);
@@ -195,10 +257,17 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
   let hosts: DockerHost[] = [];
   const agents = new Map<string, ChildAgent>();
   let plane: ControlPlane | undefined;
+  let api: FakeModelApi | undefined;
+  const releases: (() => void)[] = [];
   const hostIds = ['host-a', 'host-b', 'host-c'];
+  const realClaude = o.realClaude ?? 0;
   try {
     [nats, hosts] = await Promise.all([startTestNats(), startDockerHosts(3)]);
-    const image = await provisionSandboxImage(hosts.map((h) => h.docker), { bridgeVersion: 4 });
+    // Real Claude: the image carries the pinned CLI (as in the cli-history tests) on every host.
+    const image = await provisionSandboxImage(hosts.map((h) => h.docker), realClaude > 0
+      ? { bridgeVersion: 4, extraFiles: claudeCodeImageFiles(), tagSuffix: `claude-code-${CLAUDE_CODE_VERSION}` }
+      : { bridgeVersion: 4 });
+    if (realClaude > 0) api = await startFakeModelApi(ackMarker);
     const nc = await nats.connect('control-plane');
     const store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
     const chunks = await ChunkStore.open(nc);
@@ -208,6 +277,8 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       idleStopAfterMs: o.idleStopAfterMs, idleStopStartGraceMs: 2_000, idleStopsPerSecond: 50, idleStopParallelism: 8,
       spotNoticeMs: o.spotNoticeMs ?? 30_000, migrationParallelism: 8,
       allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId],
+      // RunTurn runs `claude -p` per turn (resuming the saved session), pointed at the fake only.
+      ...(api !== undefined ? { cliProfiles: { claude_code: { binary: CLAUDE_PATH, env: claudeCodeEnv(api.url), keepProcess: false } } } : {}),
     });
     plane = new ControlPlane({ config, nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'survival-cp' });
     await plane.start();
@@ -218,7 +289,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     const dockerOf = new Map(hostIds.map((h, i) => [h, hosts[i]!.docker]));
     const noticeFiles = new Map(hostIds.map((h, i) => [h, join(hosts[i]!.dir, 'reclaim-notice.json')]));
     await Promise.all(hostIds.map(async (hostId, i) => {
-      agents.set(hostId, spawnAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { heartbeatIntervalMs: 500, reclaimNoticeFile: noticeFiles.get(hostId)! } }));
+      agents.set(hostId, spawnSurvivalAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, heartbeatIntervalMs: 500, reclaimNoticeFile: noticeFiles.get(hostId)!, memberNetworkMode: realClaude > 0 ? 'host' : 'none' }));
       await waitFor(`${hostId} READY`, async () => ((await cp.repos.hosts.get(Keys.host(hostId)))?.value.lifecycle.state === 'READY' ? true : undefined), 120_000);
     }));
     log(`fleet up: 3 hosts, idleStopAfter ${String(o.idleStopAfterMs)}`);
@@ -229,18 +300,69 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     for (let i = 0; i < o.conversations; i++) {
       const conversationId = `sv-${o.seed}-${i}`;
       const { group: g } = await cp.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: CLI }] });
-      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, lastTurnId: undefined, inTurn: false, frozen: false });
+      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, lastTurnId: undefined, inTurn: false, frozen: false, real: false, index: i, markers: [], pendingMarker: undefined, abort: undefined, done: false });
     }
     log(`${convs.length} conversations opened`);
+    // The host that dies: the one holding the most groups (ties: the first in hostIds order).
+    const busiest = (): string => [...hostIds.map((h) => [h, cp.fleet.groupKeysOnHost(h).size] as const)].sort((a, b) => b[1] - a[1])[0]![0];
+    const groupIdsOn = (hostId: string): Set<string> => new Set([...cp.fleet.groupKeysOnHost(hostId)].map((key) => cp.fleet.group(key)?.value.groupId).filter((x): x is string => x !== undefined));
+    if (realClaude > 0) {
+      // The real-Claude conversations go where the death will be (groups stay on their hosts until it).
+      await waitFor('the read model holding every group', async () => (hostIds.reduce((n, h) => n + cp.fleet.groupKeysOnHost(h).size, 0) >= convs.length ? true : undefined), 30_000, 100);
+      const likely = groupIdsOn(busiest());
+      const chosen = [...convs.filter((c) => likely.has(c.groupId)), ...convs.filter((c) => !likely.has(c.groupId))].slice(0, realClaude);
+      for (const c of chosen) c.real = true;
+      log(`real Claude Code ${CLAUDE_CODE_VERSION} in ${chosen.length} conversations: ${chosen.map((c) => c.conversationId).join(', ')}`);
+    }
+    const realGroups = convs.filter((c) => c.real).map((c) => c.groupId);
+    /** Real-Claude turns that failed while their host was alive (a begin refused is retried). */
+    const realFailures: string[] = [];
 
     const beginStoppedMs: number[] = [];
     const beginRunningMs: number[] = [];
     const completeMs: number[] = [];
     const turnCallsMs: number[] = [];
     let turnsCompleted = 0;
+    let realTurnsCompleted = 0;
+    const realTurnMs: number[] = [];
     /** deathRightAfterTurn: called (synchronously) with each group whose CompleteTurn just answered. */
     let onAnswered: ((groupId: string) => void) | undefined;
-    const turn = async (c: Conversation): Promise<'ok' | 'failed'> => {
+    /** A real-Claude turn: RunTurn runs `claude -p` in the member, which talks to the fake model API. */
+    const claudeTurn = async (c: Conversation): Promise<'ok' | 'retry' | 'failed'> => {
+      const marker = `MARK-C${c.index}T${c.markers.length + 1}`;
+      c.inTurn = true;
+      c.pendingMarker = marker;
+      c.abort = new AbortController();
+      const t0 = performance.now();
+      const { begun, end, error } = await runTurnOf(cp, key(), c, marker, c.abort.signal);
+      if (c.frozen) return 'failed'; // answered after the death (or the caller left at it)
+      if (begun === undefined) {
+        // Refused before anything began (e.g. its host SUSPECT for a moment on a loaded machine): the
+        // runner tries again after a gap, as it would.
+        realFailures.push(`${c.conversationId} ${marker} not begun: ${String(error)}`);
+        c.inTurn = false;
+        c.pendingMarker = undefined;
+        return 'retry';
+      }
+      if (end === undefined || !end.evidence.succeeded || end.observedLocator === undefined) {
+        // It stays in flight for the runner (it never saw it complete); the conversation ends here.
+        realFailures.push(`${c.conversationId} ${marker} did not end well: ${error !== undefined ? String(error) : JSON.stringify(end?.evidence ?? 'no end')}`);
+        return 'failed';
+      }
+      realTurnMs.push(performance.now() - t0);
+      c.locator = end.observedLocator;
+      c.markers.push(marker);
+      c.pendingMarker = undefined;
+      c.completed += 1;
+      c.lastTurnId = begun.turnId;
+      turnsCompleted += 1;
+      realTurnsCompleted += 1;
+      c.inTurn = false;
+      onAnswered?.(c.groupId);
+      return 'ok';
+    };
+    const turn = async (c: Conversation): Promise<'ok' | 'retry' | 'failed'> => {
+      if (c.real) return claudeTurn(c);
       const before = cp.fleet.group(Keys.group(c.groupId))?.value.lifecycle.state;
       c.inTurn = true;
       try {
@@ -278,19 +400,22 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       // Half the conversations start right away (their first begin finds the group running: the
       // baseline of the begin latency), the others after a first gap.
       if (i % 2 === 1) await sleep(rnd() * o.meanGapMs);
-      while (!c.frozen && Date.now() < deathAt + 60_000) {
-        if ((await turn(c)) === 'failed') return;
-        await sleep(rnd() * 2 * o.meanGapMs);
+      try {
+        while (!c.frozen && Date.now() < deathAt + 180_000) { // the death comes (at the latest after its waits)
+          if ((await turn(c)) === 'failed') return;
+          await sleep(rnd() * 2 * o.meanGapMs);
+        }
+      } finally {
+        c.done = true;
       }
     });
 
     // The victim: the host holding the most groups when the moment comes.
     const victimAt = o.mode === 'spot' ? deathAt - (o.spotNoticeMs ?? 30_000) : deathAt;
     await sleep(Math.max(0, victimAt - Date.now()));
-    const counts = new Map(hostIds.map((h) => [h, cp.fleet.groupKeysOnHost(h).size]));
-    const victim = [...counts].sort((a, b) => b[1] - a[1])[0]![0];
+    const victim = busiest();
     const vi = hostIds.indexOf(victim);
-    const onVictim = new Set([...cp.fleet.groupKeysOnHost(victim)].map((key) => cp.fleet.group(key)?.value.groupId).filter((x): x is string => x !== undefined));
+    const onVictim = groupIdsOn(victim);
     let spotSummary: Record<string, unknown> | undefined;
     if (o.mode === 'spot') {
       const noticeMs = o.spotNoticeMs ?? 30_000;
@@ -316,18 +441,38 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       }
       for (const c of convs) c.frozen = true;
       midTurn = new Set(convs.filter((c) => c.inTurn && onVictim.has(c.groupId)).map((c) => c.groupId));
+      // The runner stops waiting for its RunTurn calls (a caller going away is no turn end).
+      for (const c of convs) c.abort?.abort();
     };
     let killedRightAfterTurnOf: string | undefined;
+    let heldGroup: string | undefined;
     if (o.mode === 'kill' && o.deathRightAfterTurn === true) {
+      const realOnVictim = () => convs.filter((c) => c.real && !c.done && onVictim.has(c.groupId));
+      const held = realOnVictim()[0];
+      if (realOnVictim().length >= 2 && held !== undefined && api !== undefined) {
+        // One real-Claude conversation is in flight at the death: its next turn waits at the model API.
+        const prefix = `MARK-C${held.index}T`;
+        const fake = api;
+        const from = fake.requests.length;
+        releases.push(fake.holdRequestsWith(prefix));
+        const lastUser = (r: FakeModelApi['requests'][number]) => textOf([...(r.body.messages ?? [])].reverse().find((m) => m.role === 'user')?.content);
+        const got = await waitFor(`${held.conversationId}'s turn held at the model API`, async () => (held.done ? 'gone' : fake.requests.slice(from).some((r) => lastUser(r).includes(prefix)) ? 'held' : undefined), 60_000, 100)
+          .catch((err: unknown) => String(err));
+        if (got === 'held') heldGroup = held.groupId;
+        log(got === 'held' ? `${held.conversationId}'s real Claude Code turn is held at the model API` : `no turn of ${held.conversationId} held: ${got}`);
+      }
+      // With real-Claude conversations on the victim, the death follows one of THEIR answers.
+      const triggers = new Set(realOnVictim().filter((c) => c.groupId !== heldGroup).map((c) => c.groupId));
+      const waitMs = triggers.size > 0 ? 60_000 : 30_000;
       await new Promise<void>((resolve) => {
         const fallback = setTimeout(() => {
           onAnswered = undefined;
-          log('no CompleteTurn of the victim answered within 30 s: killed anyway');
+          log(`no CompleteTurn of the victim${triggers.size > 0 ? '\'s real-Claude conversations' : ''} answered within ${waitMs / 1000} s: killed anyway`);
           die();
           resolve();
-        }, 30_000);
+        }, waitMs);
         onAnswered = (groupId) => {
-          if (!onVictim.has(groupId)) return;
+          if (!onVictim.has(groupId) || (triggers.size > 0 && !triggers.has(groupId))) return;
           onAnswered = undefined;
           clearTimeout(fallback);
           killedRightAfterTurnOf = groupId;
@@ -343,6 +488,8 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     await hosts[vi]!.stop();
     await hosts[vi]!.destroy();
     await rm(hosts[vi]!.dataRoot, { recursive: true, force: true });
+    // The held model request's CLI is gone with the host: answer it into the void.
+    for (const release of releases.splice(0)) release();
     // The state at the death: what the store says for each of the victim's groups (nothing on them
     // can complete any more: their agent is gone).
     const atDeath = new Map<string, { state: string; protected: boolean }>();
@@ -380,7 +527,10 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       if (!onVictim.has(c.groupId)) continue;
       const d = atDeath.get(c.groupId)!;
       const g = settled.get(c.groupId);
-      const base = { groupId: c.groupId, conversationId: c.conversationId, midTurn: midTurn.has(c.groupId), protectedAtDeath: d.protected, stateAtDeath: d.state, completedTurns: c.completed };
+      const base = {
+        groupId: c.groupId, conversationId: c.conversationId, midTurn: midTurn.has(c.groupId), protectedAtDeath: d.protected, stateAtDeath: d.state, completedTurns: c.completed,
+        ...(c.real ? { realClaude: true, heldAtDeath: c.groupId === heldGroup } : {}),
+      };
       if (g === undefined) {
         outcomes.push({ ...base, result: 'unsettled' });
         violations.push(`${c.groupId}: not settled`);
@@ -396,6 +546,35 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       let nextTurnContext: string | undefined;
       let sameLocator: boolean | undefined;
       let lines: number | undefined;
+      if (c.real && api !== undefined) {
+        // The real CLI resumes it: the model must receive every completed turn, in order, then the
+        // new prompt (plus a turn whose answer the runner never saw, if its completion protected it).
+        const marker = `MARK-C${c.index}AFTER`;
+        const from = api.requests.length;
+        let modelHistory: string[] | undefined;
+        let carried = false;
+        let older = false;
+        const { begun, end, error } = await runTurnOf(cp, key(), c, marker, new AbortController().signal);
+        nextTurnContext = begun?.contextState;
+        sameLocator = c.locator === undefined || (begun?.locator === c.locator && end?.observedLocator === c.locator);
+        if (error !== undefined || end === undefined || !end.evidence.succeeded) violations.push(`${c.groupId}: restored, but the real Claude Code turn after it did not end well: ${error !== undefined ? String(error) : JSON.stringify(end?.evidence ?? 'no end')}`);
+        const sent = api.requests.slice(from).filter((r) => markersOf(history(r).at(-1) ?? '').includes(marker)).at(-1);
+        if (sent !== undefined) {
+          modelHistory = history(sent);
+          // Every completed turn, in order; after them only the turn in flight at the death (if the
+          // session kept it) and the new prompt.
+          const done = c.markers.flatMap((m) => [`user:${m}`, `assistant:${m}`]);
+          const rest = modelHistory.slice(done.length);
+          older = !sameList(modelHistory.slice(0, done.length), done);
+          carried = !older && rest.at(-1)?.startsWith('user:') === true && markersOf(rest.at(-1)!).includes(marker) && rest.every((e) => markersOf(e).every((m) => m === marker || m === c.pendingMarker));
+        }
+        outcomes.push({ ...base, result: 'restored', nextTurnContext, sameLocator, restoredOlderThanLastTurn: older, modelHistory, historyCarried: carried });
+        if (!carried) violations.push(`${c.groupId}: real Claude Code resumed without its history: the model received [${(modelHistory ?? []).join(' ')}] after the turns ${c.markers.join(' ')}`);
+        if (older) violations.push(`${c.groupId}: restored without some of its ${c.completed} completed turns`);
+        if (c.completed > 0 && nextTurnContext !== 'RESTORED') violations.push(`${c.groupId}: next turn ${nextTurnContext}, not RESTORED`);
+        if (sameLocator === false) violations.push(`${c.groupId}: next turn resumed another locator`);
+        continue;
+      }
       try {
         const begun = await cp.runner.beginTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1' });
         nextTurnContext = begun.contextState;
@@ -425,13 +604,16 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       unprotectedReports: Object.fromEntries(reported),
       killedRightAfterTurnOf,
       violations, spotSummary, beginStoppedMs, beginRunningMs, completeMs, turnCallsMs,
+      realClaudeGroups: realGroups, realClaudeTurnsCompleted: realTurnsCompleted, realClaudeTurnMs: realTurnMs, realClaudeTurnFailures: realFailures,
     };
   } finally {
+    for (const release of releases.splice(0)) release();
     for (const a of agents.values()) a.kill('SIGKILL');
     await Promise.allSettled([...agents.values()].map((a) => a.exited));
     await plane?.stop().catch(() => undefined);
     await nats?.cleanup();
     await destroyAll(hosts);
+    await api?.close();
   }
 }
 
