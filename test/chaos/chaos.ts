@@ -26,8 +26,10 @@
 //   - every LOST group has a reason and a LOST event (else a silent loss);
 //   - no group in a transitional state (PENDING, STOPPING, MIGRATING, an evacuation mark) once the
 //     faults are over and the evacuation deadline has passed.
-// Agent reports the control plane fenced (a stale host speaking after its epoch ended) are counted
-// per schedule (fenced_reports), not judged: how many there are depends on the interleaving.
+//   - a stale host that speaks is fenced: an agent thawed after its host was declared DEAD while it
+//     was frozen gets at least one report counted as fenced (sandboxfleet_fenced_reports_total)
+//     within 15 s (else unfenced_stale_host). All fenced reports of a schedule are counted as
+//     fenced_reports; how many there are depends on the interleaving.
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -240,7 +242,8 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     for (const f of plan.faults) {
       const wait = started + f.atMs - Date.now();
       if (wait > 0) await sleep(wait);
-      const { target, healedAt } = await inject(fleet, f, log);
+      const { target, healedAt, unfenced } = await inject(fleet, f, log);
+      if (unfenced !== undefined) violations.push(unfenced);
       await waitHealthy(fleet, 180_000);
       faults.push({ kind: f.kind, target, atMs: f.atMs, recoveryS: (Date.now() - healedAt) / 1000 });
     }
@@ -385,7 +388,7 @@ async function sessionLines(fleet: ClusterFleet, index: number, containerId: str
  * Inject `f` and heal it after its hold time; returns what was hit and when the healing began (a
  * leader crash: the crash itself, since its replacement starting is part of the recovery).
  */
-async function inject(fleet: ClusterFleet, f: PlannedFault, log: (s: string) => void): Promise<{ target: string; healedAt: number }> {
+async function inject(fleet: ClusterFleet, f: PlannedFault, log: (s: string) => void): Promise<{ target: string; healedAt: number; unfenced?: string }> {
   const healed = (target: string, healedAt = Date.now()): { target: string; healedAt: number } => ({ target, healedAt });
   switch (f.kind) {
     case 'nats_kill': {
@@ -473,11 +476,23 @@ async function inject(fleet: ClusterFleet, f: PlannedFault, log: (s: string) => 
     case 'agent_freeze': {
       const i = f.target % fleet.hosts.length;
       const agent = fleet.agents.get(fleet.hostIds[i]!);
-      log(`  fault agent_freeze ${fleet.hostIds[i]} for ${f.holdMs} ms`);
+      const hostId = fleet.hostIds[i]!;
+      log(`  fault agent_freeze ${hostId} for ${f.holdMs} ms`);
       agent?.kill('SIGSTOP');
       await sleep(f.holdMs);
+      // Declared DEAD while frozen: the thawed agent still beats with that epoch, a stale host
+      // speaking, which the control plane must fence and count. (A read that fails under another
+      // fault leaves the check out.)
+      const fencedBefore = await fleet.fencedReports();
+      const deadWhileFrozen = agent !== undefined && (await fleet.host(hostId).catch(() => undefined))?.lifecycle.state === 'DEAD';
       agent?.kill('SIGCONT');
-      return healed(fleet.hostIds[i]!);
+      const at = Date.now();
+      if (deadWhileFrozen) {
+        log(`  ${hostId} was declared DEAD while its agent was frozen`);
+        const fenced = await waitFor('a fenced report', async () => ((await fleet.fencedReports()) > fencedBefore ? true : undefined), 15_000).catch(() => false);
+        if (!fenced) return { ...healed(hostId, at), unfenced: `unfenced_stale_host: ${hostId} was declared DEAD while its agent was frozen; no report of it was counted as fenced within 15 s of the thaw` };
+      }
+      return healed(hostId, at);
     }
   }
 }
