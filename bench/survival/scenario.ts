@@ -220,11 +220,16 @@ interface Conversation {
   inTurn: boolean;
   /** Turns stop being started once set (the death, or the notice). */
   frozen: boolean;
-  /** Real Claude: its turns' marker words (MARK-C<index>T<n>), completed ones, the one in flight. */
+  /**
+   * Real Claude: its turns' marker words (MARK-C<index>T<attempt>): the completed ones, and the ones
+   * that began but did not complete for the runner (failed, or in flight at the death), which its
+   * session may or may not hold.
+   */
   real: boolean;
   readonly index: number;
   readonly markers: string[];
-  pendingMarker: string | undefined;
+  readonly uncertain: string[];
+  attempts: number;
   /** Real Claude: the caller's side of its RunTurn in flight (aborted at the death: it went away). */
   abort: AbortController | undefined;
   /** Its workload loop has ended (the death, or a turn that failed). */
@@ -300,7 +305,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     for (let i = 0; i < o.conversations; i++) {
       const conversationId = `sv-${o.seed}-${i}`;
       const { group: g } = await cp.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: CLI }] });
-      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, lastTurnId: undefined, inTurn: false, frozen: false, real: false, index: i, markers: [], pendingMarker: undefined, abort: undefined, done: false });
+      convs.push({ conversationId, groupId: g.groupId, locator: undefined, completed: 0, lastTurnId: undefined, inTurn: false, frozen: false, real: false, index: i, markers: [], uncertain: [], attempts: 0, abort: undefined, done: false });
     }
     log(`${convs.length} conversations opened`);
     // The host that dies: the one holding the most groups (ties: the first in hostIds order).
@@ -329,30 +334,24 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     let onAnswered: ((groupId: string) => void) | undefined;
     /** A real-Claude turn: RunTurn runs `claude -p` in the member, which talks to the fake model API. */
     const claudeTurn = async (c: Conversation): Promise<'ok' | 'retry' | 'failed'> => {
-      const marker = `MARK-C${c.index}T${c.markers.length + 1}`;
+      const marker = `MARK-C${c.index}T${++c.attempts}`;
       c.inTurn = true;
-      c.pendingMarker = marker;
+      c.uncertain.push(marker);
       c.abort = new AbortController();
       const t0 = performance.now();
       const { begun, end, error } = await runTurnOf(cp, key(), c, marker, c.abort.signal);
       if (c.frozen) return 'failed'; // answered after the death (or the caller left at it)
-      if (begun === undefined) {
-        // Refused before anything began (e.g. its host SUSPECT for a moment on a loaded machine): the
-        // runner tries again after a gap, as it would.
-        realFailures.push(`${c.conversationId} ${marker} not begun: ${String(error)}`);
+      if (begun === undefined || end === undefined || !end.evidence.succeeded || end.observedLocator === undefined) {
+        // Refused, or cut off (on this loaded 2-core machine a host can turn SUSPECT for a moment
+        // under the CLI's start): the runner goes on with its next turn after a gap, as it would.
+        realFailures.push(`${c.conversationId} ${marker} ${begun === undefined ? 'not begun' : 'did not end well'}: ${error !== undefined ? String(error) : JSON.stringify(end?.evidence ?? 'no end')}`);
         c.inTurn = false;
-        c.pendingMarker = undefined;
         return 'retry';
-      }
-      if (end === undefined || !end.evidence.succeeded || end.observedLocator === undefined) {
-        // It stays in flight for the runner (it never saw it complete); the conversation ends here.
-        realFailures.push(`${c.conversationId} ${marker} did not end well: ${error !== undefined ? String(error) : JSON.stringify(end?.evidence ?? 'no end')}`);
-        return 'failed';
       }
       realTurnMs.push(performance.now() - t0);
       c.locator = end.observedLocator;
       c.markers.push(marker);
-      c.pendingMarker = undefined;
+      c.uncertain.pop();
       c.completed += 1;
       c.lastTurnId = begun.turnId;
       turnsCompleted += 1;
@@ -548,7 +547,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       let lines: number | undefined;
       if (c.real && api !== undefined) {
         // The real CLI resumes it: the model must receive every completed turn, in order, then the
-        // new prompt (plus a turn whose answer the runner never saw, if its completion protected it).
+        // new prompt; besides those, only turns that did not complete for the runner may appear.
         const marker = `MARK-C${c.index}AFTER`;
         const from = api.requests.length;
         let modelHistory: string[] | undefined;
@@ -561,12 +560,10 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
         const sent = api.requests.slice(from).filter((r) => markersOf(history(r).at(-1) ?? '').includes(marker)).at(-1);
         if (sent !== undefined) {
           modelHistory = history(sent);
-          // Every completed turn, in order; after them only the turn in flight at the death (if the
-          // session kept it) and the new prompt.
+          const certain = modelHistory.map((e) => `${e.slice(0, e.indexOf(':'))}:${markersOf(e).filter((m) => !c.uncertain.includes(m)).join(',')}`).filter((e) => !e.endsWith(':'));
           const done = c.markers.flatMap((m) => [`user:${m}`, `assistant:${m}`]);
-          const rest = modelHistory.slice(done.length);
-          older = !sameList(modelHistory.slice(0, done.length), done);
-          carried = !older && rest.at(-1)?.startsWith('user:') === true && markersOf(rest.at(-1)!).includes(marker) && rest.every((e) => markersOf(e).every((m) => m === marker || m === c.pendingMarker));
+          older = !sameList(certain.slice(0, done.length), done);
+          carried = sameList(certain, [...done, `user:${marker}`]);
         }
         outcomes.push({ ...base, result: 'restored', nextTurnContext, sameLocator, restoredOlderThanLastTurn: older, modelHistory, historyCarried: carried });
         if (!carried) violations.push(`${c.groupId}: real Claude Code resumed without its history: the model received [${(modelHistory ?? []).join(' ')}] after the turns ${c.markers.join(' ')}`);
