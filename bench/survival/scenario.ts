@@ -24,6 +24,7 @@ import { randomUUID } from 'node:crypto';
 import { rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type Docker from 'dockerode';
+import { Unavailable } from '../../src/core/errors.ts';
 import type { RunTurnEndView } from '../../src/core/exec-port.ts';
 import type { BeginTurnView } from '../../src/core/runner-port.ts';
 import { ControlPlaneConfigSchema } from '../../src/config/control-plane.ts';
@@ -279,6 +280,10 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     const config = ControlPlaneConfigSchema.parse({
       heartbeatIntervalMs: 500, heartbeatTtlMs: 3_000, deadGraceMs: 2_000, stallThresholdMs: 5_000, reconcileIntervalMs: 250,
       stopGraceMs: 5_000, turnWaitMs: 3_000, evacuationDeadlineMs: 120_000, agentCommandTimeoutMs: 60_000, leaderRenewMs: 1_000,
+      // The real CLI's start (a 200 MB binary) can hold a loaded 2-core machine for seconds: a host
+      // whose heartbeats it delays past the TTL turns SUSPECT, and a turn running there then ends
+      // unconfirmed (its member's context LOST). Longer silences before SUSPECT and DEAD with it.
+      ...(realClaude > 0 ? { heartbeatTtlMs: 6_000, deadGraceMs: 3_000 } : {}),
       idleStopAfterMs: o.idleStopAfterMs, idleStopStartGraceMs: 2_000, idleStopsPerSecond: 50, idleStopParallelism: 8,
       spotNoticeMs: o.spotNoticeMs ?? 30_000, migrationParallelism: 8,
       allowedAgentShas: [TEST_AGENT_SHA], allowedImageDigests: [image.imageId],
@@ -335,6 +340,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     /** A real-Claude turn: RunTurn runs `claude -p` in the member, which talks to the fake model API. */
     const claudeTurn = async (c: Conversation): Promise<'ok' | 'retry' | 'failed'> => {
       const marker = `MARK-C${c.index}T${++c.attempts}`;
+      const wasInTurn = c.inTurn;
       c.inTurn = true;
       c.uncertain.push(marker);
       c.abort = new AbortController();
@@ -342,11 +348,13 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       const { begun, end, error } = await runTurnOf(cp, key(), c, marker, c.abort.signal);
       if (c.frozen) return 'failed'; // answered after the death (or the caller left at it)
       if (begun === undefined || end === undefined || !end.evidence.succeeded || end.observedLocator === undefined) {
-        // Refused, or cut off (on this loaded 2-core machine a host can turn SUSPECT for a moment
-        // under the CLI's start): the runner goes on with its next turn after a gap, as it would.
         realFailures.push(`${c.conversationId} ${marker} ${begun === undefined ? 'not begun' : 'did not end well'}: ${error !== undefined ? String(error) : JSON.stringify(end?.evidence ?? 'no end')}`);
-        c.inTurn = false;
-        return 'retry';
+        // A turn that began and did not complete stays in flight for the runner (it never saw its
+        // end) until a later one completes; a refused begin changed nothing.
+        if (begun === undefined) c.inTurn = wasInTurn;
+        // Unavailable (e.g. a host SUSPECT for a moment): the runner tries again after a gap, as it
+        // would; any other refusal (the member's context LOST) ends the conversation.
+        return error instanceof Unavailable || (begun !== undefined && error === undefined) ? 'retry' : 'failed';
       }
       realTurnMs.push(performance.now() - t0);
       c.locator = end.observedLocator;
@@ -397,8 +405,10 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     const deathAt = started + o.workloadMs * (0.5 + 0.5 * rnd());
     const loops = convs.map(async (c, i) => {
       // Half the conversations start right away (their first begin finds the group running: the
-      // baseline of the begin latency), the others after a first gap.
-      if (i % 2 === 1) await sleep(rnd() * o.meanGapMs);
+      // baseline of the begin latency), the others after a first gap. The real-Claude ones start 2 s
+      // apart: several CLIs starting at once on one host of this 2-core machine starve its agent.
+      if (c.real) await sleep(2_000 * realGroups.indexOf(c.groupId));
+      else if (i % 2 === 1) await sleep(rnd() * o.meanGapMs);
       try {
         while (!c.frozen && Date.now() < deathAt + 180_000) { // the death comes (at the latest after its waits)
           if ((await turn(c)) === 'failed') return;
