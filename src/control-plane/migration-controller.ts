@@ -400,8 +400,12 @@ export class MigrationController {
         this.ctx.metrics.migrationDuration.observe({ result: 'succeeded' }, seconds);
         this.ctx.metrics.checkpointDuration.observe({ phase: 'restore' }, (this.ctx.now() - started) / 1000);
         await this.hook('after_switch', g.groupId);
-        // The source no longer owns the group; if it is unreachable it deletes it when it re-registers (R-H6).
-        if (ev?.kind === 'planned') await this.#ops.deleteOn(lc.hostId, g.groupId, lc.generation, 'migrated');
+        // The source no longer owns the group (R-R6: the record now proves it). A planned source is
+        // alive; an unplanned one may be back: it registered again while the group was moving, and
+        // that registration kept its copy (the group was not placed elsewhere yet) — which may even
+        // run, if a start command reached it late. So the copy is deleted now wherever the source
+        // takes commands; a source that does not deletes it when it registers again (R-H6).
+        if (ev?.kind === 'planned' || await this.#takesCommands(lc.hostId)) await this.#ops.deleteOn(lc.hostId, g.groupId, lc.generation, 'migrated');
       }
       return 'done';
     }
@@ -442,6 +446,11 @@ export class MigrationController {
     if (aborted !== undefined && target !== undefined && target.lifecycle.state === 'READY') await this.#ops.deleteOn(target.hostId, g.groupId, newGeneration, 'restore_failed');
     if (aborted !== undefined && next.action === 'lost') return this.#lose(aborted, 'restore_failed', `restore failed on ${attempts} host(s); last: ${failure}`);
     return 'progress';
+  }
+
+  async #takesCommands(hostId: string): Promise<boolean> {
+    const state = (await this.ctx.hosts.get(hostId))?.value.lifecycle.state;
+    return state === 'READY' || state === 'SUSPECT' || state === 'DRAINING';
   }
 
   async #lose(g: GroupRecord, reason: LossReason, why: string): Promise<StepResult> {
