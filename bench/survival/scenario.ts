@@ -19,7 +19,8 @@
 // its members. A restored one must resume its session with the real CLI: the turn after the restore
 // is RESTORED with the same locator and the model receives every completed turn's messages, in
 // order, before the new prompt. With deathRightAfterTurn the host dies right after one of THEIR
-// answers, while another one's turn is held at the fake model API (in flight at the death: LOST).
+// answers, while another one's turn is held at the fake model API (in flight at the death: LOST;
+// its turns after its first are held from the start).
 import { randomUUID } from 'node:crypto';
 import { rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -325,6 +326,16 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       log(`real Claude Code ${CLAUDE_CODE_VERSION} in ${chosen.length} conversations: ${chosen.map((c) => c.conversationId).join(', ')}`);
     }
     const realGroups = convs.filter((c) => c.real).map((c) => c.groupId);
+    // deathRightAfterTurn: the first real-Claude conversation's turns after its first one are held at
+    // the fake model API (a turn still running at the death, as long as the model takes): LOST. Held
+    // from then on, so the death need not wait for one of its turns to start.
+    const toHold = o.mode === 'kill' && o.deathRightAfterTurn === true && realGroups.length >= 2 ? convs.find((c) => c.real) : undefined;
+    /** Requests the fake had received when the hold began (-1: not yet). */
+    let holdFrom = -1;
+    const hold = (c: Conversation, fake: FakeModelApi): void => {
+      holdFrom = fake.requests.length;
+      releases.push(fake.holdRequestsWith(`MARK-C${c.index}T`));
+    };
     /** Real-Claude turns that failed while their host was alive (a begin refused is retried). */
     const realFailures: string[] = [];
 
@@ -365,6 +376,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       turnsCompleted += 1;
       realTurnsCompleted += 1;
       c.inTurn = false;
+      if (c === toHold && holdFrom < 0 && api !== undefined) hold(c, api);
       onAnswered?.(c.groupId);
       return 'ok';
     };
@@ -457,13 +469,14 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     let heldGroup: string | undefined;
     if (o.mode === 'kill' && o.deathRightAfterTurn === true) {
       const realOnVictim = () => convs.filter((c) => c.real && !c.done && onVictim.has(c.groupId));
-      const held = realOnVictim()[0];
-      if (realOnVictim().length >= 2 && held !== undefined && api !== undefined) {
-        // One real-Claude conversation is in flight at the death: its next turn waits at the model API.
+      const held = toHold !== undefined && !toHold.done && onVictim.has(toHold.groupId) ? toHold : undefined;
+      if (held !== undefined && api !== undefined) {
+        // One real-Claude conversation is in flight at the death: its turn waits at the model API
+        // (held since its first turn's end, or from now if that never came).
         const prefix = `MARK-C${held.index}T`;
         const fake = api;
-        const from = fake.requests.length;
-        releases.push(fake.holdRequestsWith(prefix));
+        if (holdFrom < 0) hold(held, fake);
+        const from = holdFrom;
         const lastUser = (r: FakeModelApi['requests'][number]) => textOf([...(r.body.messages ?? [])].reverse().find((m) => m.role === 'user')?.content);
         const got = await waitFor(`${held.conversationId}'s turn held at the model API`, async () => (held.done ? 'gone' : fake.requests.slice(from).some((r) => lastUser(r).includes(prefix)) ? 'held' : undefined), 60_000, 100)
           .catch((err: unknown) => String(err));
