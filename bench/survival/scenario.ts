@@ -39,14 +39,13 @@ import { silentLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { StateStore } from '../../src/store/connection.ts';
-import { TEST_AGENT_SHA, startAgent, type ChildAgent, type InProcessAgent } from '../../test/support/agent.ts';
+import { TEST_AGENT_SHA, spawnAgent, startAgent, type ChildAgent, type InProcessAgent } from '../../test/support/agent.ts';
 import { CLAUDE_CODE_VERSION, CLAUDE_PATH, claudeCodeEnv, claudeCodeImageFiles } from '../../test/support/claude-code.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../test/support/docker.ts';
 import { ackMarker, history, startFakeModelApi, textOf, type FakeModelApi } from '../../test/support/fake-model-api.ts';
 import { startTestNats, type TestNats } from '../../test/support/nats.ts';
 import { nativeSessionPath, writeNativeSession } from '../../test/support/native-session.ts';
 import { provisionSandboxImage } from '../../test/support/sandbox-image.ts';
-import { spawnSurvivalAgent } from './host-agent.ts';
 
 const CLI = 'claude_code';
 /** A `claude -p` turn: the native turn ended, the process exited and the runner saw it exit. */
@@ -300,7 +299,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
     const dockerOf = new Map(hostIds.map((h, i) => [h, hosts[i]!.docker]));
     const noticeFiles = new Map(hostIds.map((h, i) => [h, join(hosts[i]!.dir, 'reclaim-notice.json')]));
     await Promise.all(hostIds.map(async (hostId, i) => {
-      agents.set(hostId, spawnSurvivalAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, heartbeatIntervalMs: 500, reclaimNoticeFile: noticeFiles.get(hostId)!, memberNetworkMode: realClaude > 0 ? 'host' : 'none' }));
+      agents.set(hostId, spawnAgent({ hostId, natsUrl: nats!.server.url, host: hosts[i]!, imageRef: image.reference, overrides: { reclaimNoticeFile: noticeFiles.get(hostId)!, memberNetworkMode: realClaude > 0 ? 'host' : 'none' } }));
       await waitFor(`${hostId} READY`, async () => ((await cp.repos.hosts.get(Keys.host(hostId)))?.value.lifecycle.state === 'READY' ? true : undefined), 120_000);
     }));
     log(`fleet up: 3 hosts, idleStopAfter ${String(o.idleStopAfterMs)}`);

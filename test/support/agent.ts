@@ -248,6 +248,8 @@ export function spawnAgent(s: AgentSetup): ChildAgent {
     // Several agents share this machine: let each ops listener take a free port.
     SANDBOXFLEET_HTTP_PORT: '0',
     ...(c.reclaimNoticeFile ? { SANDBOXFLEET_RECLAIM_NOTICE_FILE: c.reclaimNoticeFile } : {}),
+    // `host` where member containers must reach a loopback fake model API (the real CLIs' tests).
+    ...(c.memberNetworkMode !== undefined ? { SANDBOXFLEET_MEMBER_NETWORK_MODE: c.memberNetworkMode } : {}),
   };
   const child = spawn(process.execPath, ['--import', 'tsx', 'cmd/host-agent/main.ts'], { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
