@@ -23,7 +23,8 @@
 //     one at the end for every live group;
 //   - every acknowledged CompleteTurn is still there (acked_writes_lost);
 //   - nothing restored from a stale or older-than-last-turn checkpoint (restored_stale);
-//   - every LOST group has a reason and a LOST event (else a silent loss);
+//   - every LOST group has a reason and a LOST event (else a silent loss), and is counted in the
+//     LOST metric by its reason (else lost_uncounted);
 //   - no group in a transitional state (PENDING, STOPPING, MIGRATING, an evacuation mark) once the
 //     faults are over and the evacuation deadline has passed.
 //   - a stale host that speaks is fenced: an agent thawed after its host was declared DEAD while it
@@ -155,6 +156,7 @@ export interface WorkloadOptions {
 export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: (s: string) => void = () => undefined, opts: WorkloadOptions = {}): Promise<ScheduleResult> {
   const started = Date.now();
   const fencedBefore = await fleet.fencedReports();
+  const lostCountedBefore = await fleet.lostSessions();
   const r = rng(plan.seed ^ 0x5eed);
   const violations: string[] = [];
   const history = new Map<string, GroupHistory>();
@@ -290,11 +292,15 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
   let ackedWritesLost = 0;
   let silentLosses = 0;
   let lost = 0;
+  /** Member sessions of this schedule's groups that ended LOST, by reason (what the metric must have counted). */
+  const lostSessions = new Map<string, number>();
   for (const h of history.values()) {
     const g = finals.get(h.groupId);
     if (g === undefined) continue;
     if (g.lifecycle.state === 'LOST') {
       lost += 1;
+      const reason = g.lifecycle.lostReason ?? 'operator_declared';
+      lostSessions.set(reason, (lostSessions.get(reason) ?? 0) + g.members.length);
       const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: h.groupId, limit: 500 });
       const lostEvent = events.some((e) => e.event.toState === 'LOST');
       if (g.lifecycle.lostReason === undefined || !lostEvent) {
@@ -327,9 +333,20 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     } catch (err) {
       const g2 = await fleet.group(h.groupId);
       // A final refusal that declares the group LOST (with its reason) is a declared loss, not a violation.
-      if (g2?.lifecycle.state === 'LOST' && g2.lifecycle.lostReason !== undefined) lost += 1;
-      else violations.push(`final_turn_failed: ${h.groupId} (${g2?.lifecycle.state}): ${(err as Error).message.slice(0, 200)}`);
+      if (g2?.lifecycle.state === 'LOST' && g2.lifecycle.lostReason !== undefined) {
+        lost += 1;
+        lostSessions.set(g2.lifecycle.lostReason, (lostSessions.get(g2.lifecycle.lostReason) ?? 0) + g2.members.length);
+      } else violations.push(`final_turn_failed: ${h.groupId} (${g2?.lifecycle.state}): ${(err as Error).message.slice(0, 200)}`);
     }
+  }
+
+  // Every LOST is counted in the metric too (sandboxfleet_lost_sessions_total, which the alert reads),
+  // by its reason, on whichever replica wrote it. Groups of earlier schedules are destroyed, so what
+  // the metric gained during this one is this schedule's.
+  const lostCounted = await fleet.lostSessions();
+  for (const [reason, n] of lostSessions) {
+    const counted = (lostCounted.get(reason) ?? 0) - (lostCountedBefore.get(reason) ?? 0);
+    if (counted < n) violations.push(`lost_uncounted: ${n} member session(s) LOST ${reason} in this schedule, the metric counted ${counted}`);
   }
 
   // Say what happened to every group a violation names, before it is destroyed.

@@ -79,6 +79,8 @@ export interface ClusterFleet {
   jumpClock(r: Replica, deltaMs: number): void;
   /** Agent reports the control plane rejected for a stale epoch or generation, over every replica ever started. */
   fencedReports(): Promise<number>;
+  /** Member sessions counted LOST (sandboxfleet_lost_sessions_total), by reason, over every replica ever started. */
+  lostSessions(): Promise<Map<string, number>>;
   group(groupId: string): Promise<GroupRecord | undefined>;
   host(hostId: string): Promise<HostRecord | undefined>;
   waitReady(hostId: string, timeoutMs?: number): Promise<void>;
@@ -186,6 +188,16 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       let n = 0;
       for (const m of everyMetrics) for (const v of (await m.fencedReports.get()).values) n += v.value;
       return n;
+    },
+    async lostSessions() {
+      const by = new Map<string, number>();
+      for (const m of everyMetrics) {
+        for (const v of (await m.lostSessions.get()).values) {
+          const reason = String(v.labels.reason ?? '');
+          by.set(reason, (by.get(reason) ?? 0) + v.value);
+        }
+      }
+      return by;
     },
     async group(groupId) {
       return (await groups.get(Keys.group(groupId)))?.value;
