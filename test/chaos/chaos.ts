@@ -11,9 +11,10 @@
 // SIGKILLed and restarted (agent_kill) or SIGSTOPped (agent_freeze); a host's disk wiped
 // (dockerd_kill: dockerd SIGKILLed with its containers, data root deleted; the node comes back with
 // an empty engine, the sandbox image and a restarted agent); a byte flipped in a cached checkpoint
-// chunk (chunk_flip); a control-plane replica's clock stepped forward or back and later stepped
-// back (clock_jump: the replicas take time from the ControlPlane's injectable clock; the agent
-// binary reads the system clock and offers no seam to shift it, so agents' clocks are not jumped).
+// chunk (chunk_flip); a clock stepped forward or back and later stepped back (clock_jump): a
+// control-plane replica's (the replicas take time from the ControlPlane's injectable clock) or, one
+// time in three, a host agent's (its binary reads the system clock: a preload steps Date.now,
+// test/support/clock-offset-preload.ts).
 //
 // A history of acknowledged operations is kept and checked against the final state (a small
 // linearizability-style check of the turn API: every acknowledged CompleteTurn stays counted and
@@ -480,9 +481,18 @@ async function inject(fleet: ClusterFleet, f: PlannedFault, log: (s: string) => 
       return healed(fleet.hostIds[i]!, at);
     }
     case 'clock_jump': {
+      const jumpMs = clockJumpMs(f.pick);
+      if (f.target === 2) {
+        // A host's clock: its agent reads the system clock, stepped through its preload.
+        const i = Math.floor(f.pick * 997) % fleet.hosts.length;
+        log(`  fault clock_jump agent ${fleet.hostIds[i]} ${jumpMs > 0 ? '+' : ''}${jumpMs} ms for ${f.holdMs} ms`);
+        await fleet.jumpAgentClock(i, jumpMs);
+        await sleep(f.holdMs);
+        await fleet.jumpAgentClock(i, -jumpMs);
+        return healed(`${fleet.hostIds[i]}:clock`);
+      }
       const replica = fleet.replicas[f.target % Math.max(1, fleet.replicas.length)];
       if (replica === undefined) return healed('none');
-      const jumpMs = clockJumpMs(f.pick);
       log(`  fault clock_jump ${replica.id}${replica.plane.leader.isLeader ? ' (leader)' : ''} ${jumpMs > 0 ? '+' : ''}${jumpMs} ms for ${f.holdMs} ms`);
       fleet.jumpClock(replica, jumpMs);
       await sleep(f.holdMs);

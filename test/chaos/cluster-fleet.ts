@@ -11,6 +11,9 @@
 // clock of the node a control-plane pod runs on would. A host's engine can be wiped (wipeDocker:
 // dockerd SIGKILLed, data root deleted) and brought back empty on the same paths (restoreDocker).
 import type { NatsConnection } from '@nats-io/transport-node';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ControlPlaneConfigSchema, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
 import { CONTROL_PLANE_BUCKETS, type ControlPlaneBuckets } from '../../src/control-plane/buckets.ts';
@@ -77,6 +80,8 @@ export interface ClusterFleet {
   restoreDocker(i: number): Promise<void>;
   /** Jump replica `r`'s clock by `deltaMs` (either way); every later `now()` of it reads the new time. */
   jumpClock(r: Replica, deltaMs: number): void;
+  /** Jump host `i`'s agent's wall clock by `deltaMs` (either way), within 100 ms, and for its restarts too. */
+  jumpAgentClock(i: number, deltaMs: number): Promise<void>;
   /** Agent reports the control plane rejected for a stale epoch or generation, over every replica ever started. */
   fencedReports(): Promise<number>;
   /** Member sessions counted LOST (sandboxfleet_lost_sessions_total), by reason, over every replica ever started. */
@@ -131,6 +136,10 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
   const replicas: Replica[] = [];
   // Crashed replicas' counters too: a fenced report is counted by whichever replica received it.
   const everyMetrics: FleetMetrics[] = [];
+  // Each agent's wall-clock offset (jumpAgentClock), in a file its preload re-reads.
+  const clockDir = await mkdtemp(join(tmpdir(), 'sf-chaos-clocks-'));
+  const clockFile = (i: number): string => join(clockDir, `agent-${i}`);
+  const agentClockMs: number[] = [];
   const agents = new Map<string, ChildAgent>();
   const groups = store.shardedRepository('groups', GroupRecordSchema);
   const hostRepo = store.repository('hosts', HostRecordSchema);
@@ -162,7 +171,7 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
     },
     async startAgent(i) {
       const hostId = hostIds[i]!;
-      const agent = spawnAgent({ hostId, natsUrl: cluster.urls.join(','), host: hosts[i]!, imageRef: image.reference, overrides: { maxMembers: 1000 } });
+      const agent = spawnAgent({ hostId, natsUrl: cluster.urls.join(','), host: hosts[i]!, imageRef: image.reference, overrides: { maxMembers: 1000 }, clockOffsetFile: clockFile(i) });
       agents.set(hostId, agent);
       return agent;
     },
@@ -183,6 +192,10 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
     },
     jumpClock(r, deltaMs) {
       r.clock.offsetMs += deltaMs;
+    },
+    async jumpAgentClock(i, deltaMs) {
+      agentClockMs[i] = (agentClockMs[i] ?? 0) + deltaMs;
+      await writeFile(clockFile(i), String(agentClockMs[i]));
     },
     async fencedReports() {
       let n = 0;
@@ -225,6 +238,7 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       await Promise.allSettled([...agents.values()].map((a) => a.exited));
       await cluster.cleanup();
       await destroyAll(hosts);
+      await rm(clockDir, { recursive: true, force: true });
     },
   };
   return fleet;

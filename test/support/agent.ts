@@ -6,7 +6,7 @@
 // heartbeats / notices / probe echoes as the control plane would receive them.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { dirname, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
 import { AgentSubjects } from '../../src/core/agent-subjects.ts';
@@ -175,6 +175,11 @@ export interface AgentSetup {
   readonly overrides?: Partial<HostAgentConfigInput>;
   /** The agent's clock (in-process agents only): tests move it to pass deadlines mid-command. */
   readonly nowMs?: () => number;
+  /**
+   * Child agents only: the file whose number (milliseconds) the agent's wall clock reads ahead of the
+   * real one, re-read at run time (clock-offset-preload.ts), so a test can step a host's clock.
+   */
+  readonly clockOffsetFile?: string;
 }
 
 function configInput(s: AgentSetup): HostAgentConfigInput {
@@ -250,8 +255,10 @@ export function spawnAgent(s: AgentSetup): ChildAgent {
     ...(c.reclaimNoticeFile ? { SANDBOXFLEET_RECLAIM_NOTICE_FILE: c.reclaimNoticeFile } : {}),
     // `host` where member containers must reach a loopback fake model API (the real CLIs' tests).
     ...(c.memberNetworkMode !== undefined ? { SANDBOXFLEET_MEMBER_NETWORK_MODE: c.memberNetworkMode } : {}),
+    ...(s.clockOffsetFile !== undefined ? { SF_CLOCK_OFFSET_FILE: s.clockOffsetFile } : {}),
   };
-  const child = spawn(process.execPath, ['--import', 'tsx', 'cmd/host-agent/main.ts'], { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const preload = s.clockOffsetFile !== undefined ? ['--import', join(REPO_ROOT, 'test/support/clock-offset-preload.ts')] : [];
+  const child = spawn(process.execPath, ['--import', 'tsx', ...preload, 'cmd/host-agent/main.ts'], { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   child.stdout!.setEncoding('utf8').on('data', (s: string) => (out += s));
   child.stderr!.setEncoding('utf8').on('data', (s: string) => (out += s));

@@ -12,12 +12,13 @@ import { startClusterFleet, type ClusterFleet } from '../../chaos/cluster-fleet.
 import { FAULT_KINDS, planSchedule, readyFleet, runSchedule } from '../../chaos/chaos.ts';
 
 /**
- * Seeds whose plans between them inject every fault kind (checked below): 2 clock_jump,
- * dockerd_kill, agent_kill; 81 nats_kill, nats_freeze, agent_freeze; 83 chunk_flip, leader_crash,
- * agent_freeze. Regression: 2025 (nats_freeze, agent_freeze) once left a group running on the host
- * it had moved off (source-back-during-move.test.ts is its deterministic form).
+ * Seeds whose plans between them inject every fault kind (checked below): 2 clock_jump (a replica's),
+ * dockerd_kill, agent_kill; 5 nats_kill, clock_jump (a host agent's), chunk_flip; 81 nats_kill,
+ * nats_freeze, agent_freeze; 83 chunk_flip, leader_crash, agent_freeze. Regression: 2025
+ * (nats_freeze, agent_freeze) once left a group running on the host it had moved off
+ * (source-back-during-move.test.ts is its deterministic form).
  */
-const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,81,83,2025').split(',').map(Number);
+const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,5,81,83,2025').split(',').map(Number);
 const DURATION_MS = 15_000;
 
 let fleet: ClusterFleet;
