@@ -28,13 +28,62 @@ export function eventSubjectToken(id: string): string {
   return /^[A-Za-z0-9]/.test(mapped) && mapped.length <= 128 ? mapped : `x_${createHash('sha256').update(id).digest('hex').slice(0, 40)}`;
 }
 
+/**
+ * A failed append is appended again in the background, with the same id, until it lands: a caller
+ * whose state change is already written (a group made LOST) may never redo its step, so without this
+ * an append that failed in a NATS hiccup would leave the change without its event (a silent LOST).
+ * Retries stay well inside the stream's duplicate window (10 min), so an append whose
+ * acknowledgement was lost is dropped as a repeat, not recorded twice. Held in memory only: what a
+ * replica that dies meanwhile still held is lost with it.
+ */
+const RETRY_FIRST_MS = 500;
+const RETRY_MAX_MS = 15_000;
+const RETRY_FOR_MS = 5 * 60_000;
+const MAX_PENDING_RETRIES = 10_000;
+
 export class EventRecorder {
+  readonly #pending = new Map<string, { event: FleetEvent; firstFailedAtMs: number; delayMs: number }>();
+
   constructor(
     private readonly log: EventLog,
     private readonly actor: string,
     private readonly logger: Logger,
     private readonly now: () => number,
   ) {}
+
+  /** Appends that failed and are being retried in the background. */
+  get pendingRetries(): number {
+    return this.#pending.size;
+  }
+
+  #retryLater(event: FleetEvent): void {
+    if (this.#pending.has(event.id)) return;
+    if (this.#pending.size >= MAX_PENDING_RETRIES) {
+      this.logger.error({ event: event.type, subject: event.subjectId }, 'event append failed and the retry queue is full: event dropped');
+      return;
+    }
+    this.#pending.set(event.id, { event, firstFailedAtMs: Date.now(), delayMs: RETRY_FIRST_MS });
+    this.#schedule(event.id);
+  }
+
+  #schedule(id: string): void {
+    const p = this.#pending.get(id);
+    if (p === undefined) return;
+    setTimeout(() => {
+      this.log.append(p.event).then(() => {
+        this.#pending.delete(id);
+        this.logger.info({ event: p.event.type, subject: p.event.subjectId }, 'event appended on retry');
+      }, (err: unknown) => {
+        if (Date.now() - p.firstFailedAtMs >= RETRY_FOR_MS) {
+          this.#pending.delete(id);
+          this.logger.error({ err, event: p.event.type, subject: p.event.subjectId }, 'event append still failing after retries: event dropped');
+          return;
+        }
+        p.delayMs = Math.min(RETRY_MAX_MS, p.delayMs * 2);
+        this.#schedule(id);
+      });
+    }, p.delayMs).unref();
+  }
 
   /**
    * Append one event. A failed append is logged and re-thrown: callers append after their CAS
@@ -58,7 +107,8 @@ export class EventRecorder {
     try {
       await this.log.append(event);
     } catch (err) {
-      this.logger.error({ err, event: event.type, subject: event.subjectId }, 'event append failed');
+      this.logger.error({ err, event: event.type, subject: event.subjectId }, 'event append failed; retrying in the background');
+      this.#retryLater(event);
       throw err;
     }
     this.logger.info({ event: e.type, kind: e.subjectKind, subject: e.subjectId, from: e.fromState, to: e.toState, reason: e.reason }, 'transition');

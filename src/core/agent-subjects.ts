@@ -96,7 +96,7 @@ export interface HostPermissions {
 /**
  * The publish/subscribe allow-lists of one host's NATS credentials (R-I2, R-R5). A host may:
  * register; publish its own heartbeats, notices and probe callbacks; add content-addressed chunks
- * and write-once manifests under its own name, and read any of them back (direct get, stream info of those two streams only);
+ * and write-once manifests under its own name, and read any of them back (direct get, the leader's message get, stream info of those two streams only);
  * receive its own commands and answer them. It may not touch KV state, other streams, consumers,
  * stream administration, another host's subjects, or anyone else's inbox. What stays shared:
  * chunks, which are content-addressed (every reader verifies every digest), so a host can add
@@ -105,7 +105,9 @@ export interface HostPermissions {
 export function hostPermissions(hostId: string): HostPermissions {
   const id = token(hostId);
   const { chunks, manifests, chunkSubjectPrefix, manifestSubjectPrefix } = CHECKPOINT_STREAMS;
-  const readStream = (stream: string): string[] => [`$JS.API.STREAM.INFO.${stream}`, `$JS.API.DIRECT.GET.${stream}`, `$JS.API.DIRECT.GET.${stream}.>`];
+  // Reads: a direct get (any replica), and the stream leader's get for when a replica that has not
+  // caught up answers "none" (its none proves nothing; the leader's does).
+  const readStream = (stream: string): string[] => [`$JS.API.STREAM.INFO.${stream}`, `$JS.API.DIRECT.GET.${stream}`, `$JS.API.DIRECT.GET.${stream}.>`, `$JS.API.STREAM.MSG.GET.${stream}`];
   return {
     publish: [
       AgentSubjects.register,

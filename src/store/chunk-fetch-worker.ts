@@ -67,7 +67,12 @@ const run = async (m) => {
   const fail = (reason, message) => parentPort.postMessage({ op: 'error', id, reason, message });
   try {
     const jsm = await ready;
-    const get = (ref) => jsm.direct.getMessage(stream, { last_by_subj: 'sf.chunk.' + ref.digest.slice(7) });
+    // A direct get's "none" may come from a replica that has not caught up: the leader decides it.
+    const get = async (ref) => {
+      const subject = 'sf.chunk.' + ref.digest.slice(7);
+      const msg = await jsm.direct.getMessage(stream, { last_by_subj: subject });
+      return msg !== null ? msg : jsm.streams.getMessage(stream, { last_by_subj: subject });
+    };
     const window = [];
     let next = 0;
     const issue = () => { const p = get(refs[next++]); p.catch(() => undefined); window.push(p); };

@@ -83,9 +83,15 @@ const publishIfAbsent = async (j, subject, data) => {
   if (alreadyStored(ack.error)) return false;
   throw new Error('publish refused: ' + ack.error.description + ' (' + ack.error.err_code + ')');
 };
+// The message on a subject (write-once: at most one). A direct get's "none" may come from a replica
+// that has not caught up (after a restart or a freeze): the stream leader's answer decides it.
+const lastBySubject = async (stream, subject) => {
+  const msg = await jsm.direct.getMessage(stream, { last_by_subj: subject });
+  return msg !== null ? msg : jsm.streams.getMessage(stream, { last_by_subj: subject });
+};
 // Whether the subject holds exactly these bytes; false when empty; other bytes are a refusal (write-once).
 const holdsSame = async (j, subject, digest, data) => {
-  const msg = await jsm.direct.getMessage(j.stream, { last_by_subj: subject });
+  const msg = await lastBySubject(j.stream, subject);
   if (msg === null) return false;
   if (Buffer.from(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength).equals(Buffer.from(data.buffer, data.byteOffset, data.byteLength))) return true;
   throw refusal('chunk_digest_mismatch', 'chunk ' + digest + ' is already stored with other bytes (planted or damaged); chunks are write-once, so this digest cannot be stored until garbage collection removes that copy');
@@ -110,7 +116,7 @@ const serveGet = (j, m) => {
     try {
       await ready;
       if (j.stream === null) throw new Error('the chunk stream is not known');
-      const msg = await jsm.direct.getMessage(j.stream, { last_by_subj: 'sf.chunk.' + m.digest.slice(7) });
+      const msg = await lastBySubject(j.stream, 'sf.chunk.' + m.digest.slice(7));
       if (msg === null) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_missing', message: 'chunk ' + m.digest + ' is not in the store' } });
       const digest = 'sha256:' + createHash('sha256').update(msg.data).digest('hex');
       if (msg.data.length !== m.size || digest !== m.digest) return parentPort.postMessage({ op: 'got', id: m.id, error: { reason: 'chunk_digest_mismatch', message: 'chunk ' + m.digest + ' does not verify' } });

@@ -22,6 +22,7 @@ import {
   jetstreamManager,
   type JetStreamClient,
   type JetStreamManager,
+  type StoredMsg,
 } from '@nats-io/jetstream';
 import {
   MAX_CHUNK_BYTES,
@@ -230,9 +231,21 @@ export class ChunkStore {
     throw new ChunkStoreError('transfer_failed', `chunk ${ref.digest}: the store reports it present but it could not be read back`);
   }
 
+  /**
+   * The message on `subject` (chunks and manifests are write-once: at most one). A direct get is
+   * answered by any replica, and a replica that has not caught up yet (after a restart or a freeze)
+   * answers "none" for a message the stream holds: that proves nothing, so "none" is asked again of
+   * the stream leader, whose answer is the stream's. (Never the other way round: a message a replica
+   * has is the stream's.)
+   */
+  async #lastBySubject(stream: string, subject: string): Promise<StoredMsg | null> {
+    const msg = await this.jsm.direct.getMessage(stream, { last_by_subj: subject });
+    return msg ?? this.jsm.streams.getMessage(stream, { last_by_subj: subject });
+  }
+
   /** Whether `subject` holds exactly `data`; false when empty; chunk_digest_mismatch when it holds other bytes. */
   async #holdsSame(subject: string, digest: string, data: Uint8Array): Promise<boolean> {
-    const msg = await this.jsm.direct.getMessage(this.chunkStream, { last_by_subj: subject });
+    const msg = await this.#lastBySubject(this.chunkStream, subject);
     if (msg === null) return false;
     if (Buffer.from(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength).equals(Buffer.from(data.buffer, data.byteOffset, data.byteLength))) return true;
     throw new ChunkStoreError(
@@ -243,7 +256,7 @@ export class ChunkStore {
 
   /** Fetch one chunk and verify its size and digest. */
   async get(ref: ChunkRef, options: ReadOptions = {}): Promise<Buffer> {
-    const msg = await this.jsm.direct.getMessage(this.chunkStream, { last_by_subj: chunkSubject(ref.digest) });
+    const msg = await this.#lastBySubject(this.chunkStream, chunkSubject(ref.digest));
     if (msg === null) throw new ChunkStoreError('chunk_missing', `chunk ${ref.digest} is not in the store`);
     // msg.data is a view of the client's receive buffer: wrap it, or copy it once into shared
     // memory when the caller hashes or consumes it on worker threads.
@@ -307,7 +320,7 @@ export class ChunkStore {
    * another source host than the one whose subject it was written under is corrupt: never used.
    */
   async getManifest(hostId: string, groupId: string, checkpointId: string): Promise<CheckpointManifest> {
-    const msg = await this.jsm.direct.getMessage(this.manifestStream, { last_by_subj: manifestSubjectOf(hostId, groupId, checkpointId) });
+    const msg = await this.#lastBySubject(this.manifestStream, manifestSubjectOf(hostId, groupId, checkpointId));
     if (msg === null) throw new ChunkStoreError('manifest_missing', `checkpoint ${groupId}/${checkpointId} of host ${hostId} does not exist`);
     const manifest = parseCheckpointManifest(msg.data);
     if (manifest.source.hostId !== hostId || manifest.groupId !== groupId || manifest.checkpointId !== checkpointId) {

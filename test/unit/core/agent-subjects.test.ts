@@ -5,7 +5,7 @@
 // '>' one or more.
 import { describe, expect, it } from 'vitest';
 import fc from 'fast-check';
-import { AgentSubjects, hostInboxPrefix, hostPermissions, manifestSubject } from '../../../src/core/agent-subjects.ts';
+import { AgentSubjects, CHECKPOINT_STREAMS, hostInboxPrefix, hostPermissions, manifestSubject } from '../../../src/core/agent-subjects.ts';
 import { hostIdArb } from '../../support/host-ids.ts';
 import { PROPERTY_RUNS } from '../../support/property-runs.ts';
 
@@ -43,6 +43,10 @@ describe('hostPermissions', () => {
         for (const s of own.subscribe) expect(allowed(perms.subscribe, s), s).toBe(true);
         expect(allowed(perms.publish, AgentSubjects.register)).toBe(true);
         expect(allowed(perms.publish, 'sf.chunk.0123abcd')).toBe(true);
+        // Reads of the chunk and manifest streams only: a direct get, and the leader's get for a
+        // direct get's "none" (a replica that has not caught up).
+        expect(allowed(perms.publish, `$JS.API.STREAM.MSG.GET.${CHECKPOINT_STREAMS.chunks}`)).toBe(true);
+        expect(allowed(perms.publish, `$JS.API.STREAM.MSG.GET.${CHECKPOINT_STREAMS.manifests}`)).toBe(true);
         expect(perms.allowResponses).toBe(true);
       }),
       { numRuns: PROPERTY_RUNS },
@@ -64,7 +68,7 @@ describe('hostPermissions', () => {
 
   it('allows no control-plane state, stream administration, consumers or wildcards over everything', () => {
     const perms = hostPermissions('host-a');
-    for (const s of ['$KV.sf_groups_0.g-1', '$KV.sf_hosts.host-a', '$JS.API.STREAM.DELETE.SF_CHUNKS', '$JS.API.STREAM.PURGE.SF_CHECKPOINTS', '$JS.API.STREAM.UPDATE.SF_CHUNKS', '$JS.API.CONSUMER.CREATE.SF_CHUNKS', '$JS.API.STREAM.INFO.KV_sf_groups_0', '$JS.API.DIRECT.GET.KV_sf_hosts', 'sf.events.group.g-1', '_INBOX.abc']) {
+    for (const s of ['$KV.sf_groups_0.g-1', '$KV.sf_hosts.host-a', '$JS.API.STREAM.DELETE.SF_CHUNKS', '$JS.API.STREAM.PURGE.SF_CHECKPOINTS', '$JS.API.STREAM.UPDATE.SF_CHUNKS', '$JS.API.CONSUMER.CREATE.SF_CHUNKS', '$JS.API.STREAM.INFO.KV_sf_groups_0', '$JS.API.DIRECT.GET.KV_sf_hosts', '$JS.API.STREAM.MSG.GET.KV_sf_hosts', '$JS.API.STREAM.MSG.GET.SF_EVENTS', 'sf.events.group.g-1', '_INBOX.abc']) {
       expect(allowed(perms.publish, s), s).toBe(false);
     }
     for (const s of [AgentSubjects.allHeartbeats, '_INBOX.abc', 'sf.agent.register', '$KV.sf_groups_0.g-1']) expect(allowed(perms.subscribe, s), s).toBe(false);
