@@ -30,7 +30,8 @@
 //     faults are over and the evacuation deadline has passed.
 //   - a stale host that speaks is fenced: an agent thawed after its host was declared DEAD while it
 //     was frozen gets at least one report counted as fenced (sandboxfleet_fenced_reports_total)
-//     within 15 s (else unfenced_stale_host). All fenced reports of a schedule are counted as
+//     or registers again at a newer epoch within 15 s, and its host is never READY again at the
+//     dead epoch (else unfenced_stale_host). All fenced reports of a schedule are counted as
 //     fenced_reports; how many there are depends on the interleaving.
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -511,13 +512,24 @@ async function inject(fleet: ClusterFleet, f: PlannedFault, log: (s: string) => 
       // speaking, which the control plane must fence and count. (A read that fails under another
       // fault leaves the check out.)
       const fencedBefore = await fleet.fencedReports();
-      const deadWhileFrozen = agent !== undefined && (await fleet.host(hostId).catch(() => undefined))?.lifecycle.state === 'DEAD';
+      const frozenHost = agent === undefined ? undefined : await fleet.host(hostId).catch(() => undefined);
+      const deadEpoch = frozenHost?.lifecycle.state === 'DEAD' ? frozenHost.lifecycle.epoch : undefined;
       agent?.kill('SIGCONT');
       const at = Date.now();
-      if (deadWhileFrozen) {
+      if (deadEpoch !== undefined) {
         log(`  ${hostId} was declared DEAD while its agent was frozen`);
-        const fenced = await waitFor('a fenced report', async () => ((await fleet.fencedReports()) > fencedBefore ? true : undefined), 15_000).catch(() => false);
-        if (!fenced) return { ...healed(hostId, at), unfenced: `unfenced_stale_host: ${hostId} was declared DEAD while its agent was frozen; no report of it was counted as fenced within 15 s of the thaw` };
+        // Fenced (a report counted) or registered again at a newer epoch before speaking with the dead
+        // one (a registration under way when it froze): both keep the stale host out. READY again at
+        // the dead epoch would be a stale host let back in.
+        const outcome = await waitFor('a fenced report or a new registration', async () => {
+          const h = await fleet.host(hostId);
+          if (h?.lifecycle.state === 'READY' && h.lifecycle.epoch === deadEpoch) return 'revived';
+          if ((await fleet.fencedReports()) > fencedBefore) return 'fenced';
+          return h?.lifecycle.state === 'READY' && h.lifecycle.epoch > deadEpoch ? 'registered' : undefined;
+        }, 15_000).catch(() => 'silent');
+        if (outcome === 'revived') return { ...healed(hostId, at), unfenced: `unfenced_stale_host: ${hostId} was declared DEAD at epoch ${deadEpoch} while its agent was frozen, and is READY again at that epoch` };
+        if (outcome === 'silent') return { ...healed(hostId, at), unfenced: `unfenced_stale_host: ${hostId} was declared DEAD while its agent was frozen; within 15 s of the thaw no report of it was counted as fenced and it did not register again` };
+        if (outcome === 'registered') log(`  ${hostId} registered again (a newer epoch) before any report with the dead one`);
       }
       return healed(hostId, at);
     }
