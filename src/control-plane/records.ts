@@ -329,6 +329,12 @@ export const GroupRecordSchema = z.object({
    * (by compare-and-set, on a group no evacuation holds), and a migration waits for it.
    */
   startingUntilMs: ms.optional(),
+  /**
+   * The open that placed this group was refused by its host (full, though the read model still saw
+   * room): the group was DESTROYED before it held anything and never named by its conversation, and
+   * the conversation's next open takes the next group id (runner-backend.ts groupIdFor).
+   */
+  openRefusedAtMs: ms.optional(),
   /** When the group became LOST: its layers are kept for the retention period from here (R-R6). */
   lostAtMs: ms.optional(),
   /** What made it LOST, in words (an agent's refusal message, a failed step), for operators. */

@@ -15,6 +15,11 @@
 // - LOST stays loud: a conversation whose group is LOST or DESTROYED is refused `conversation_lost`
 //   at OpenGroup unless the runner asks to start anew; BeginTurn, CompleteTurn and StopGroup on such
 //   a group answer `context_lost` with the group's lost reason.
+// - OpenGroup places by the read model, but the host's agent has the last word on room (it counts
+//   the containers on its engine): a group it refuses is withdrawn (DESTROYED before it held
+//   anything, marked, never named by the conversation) and the open tries the next host; with none
+//   left it is RESOURCE_EXHAUSTED no_capacity. The conversation names its group only once the
+//   group's containers exist.
 // - R-S1 evidence without asking the agent (see liveEvidence): LIVE needs proof that the process
 //   that ran the member's last turn is still the one running. The member record names that process
 //   (container id + container start time, recorded at the turn's end); a heartbeat of the host's
@@ -50,6 +55,7 @@ import {
   IdentityRefused,
   InvalidArgument,
   NoCapacity,
+  Conflict,
   NotFound,
   Unavailable,
   beginTurn,
@@ -93,6 +99,18 @@ import { groupView } from './views.ts';
 import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import { appendTurnEvidence, encodeTurnFlags, turnEvidenceBudget, type GroupRecord, type HeartbeatRecord, type HostRecord, type MemberRecord, type TurnEvidenceRecord } from './records.ts';
 import { Keys, type ControlPlaneDeps } from './state.ts';
+
+/** Hosts tried for one open after their agents refused it for want of room. */
+const MAX_REFUSED_PLACEMENTS = 3;
+/** Refused (withdrawn) groups of one conversation passed over before an open gives up. */
+const MAX_WITHDRAWN_OPENS = 16;
+
+/** The `attempt`-th deterministic group id of a conversation opened (anew after `previous`). */
+function groupIdFor(conversationId: string, previous: string | undefined, attempt: number): string {
+  // Attempt 0 keeps the id every group had before withdrawn opens existed.
+  const seed = attempt === 0 ? `${conversationId}|${previous ?? ''}` : `${conversationId}|${previous ?? ''}|${attempt}`;
+  return `g-${createHash('sha256').update(seed).digest('hex').slice(0, 24)}`;
+}
 
 export type RunnerBackendDeps = Pick<ControlPlaneDeps, 'config' | 'fleet' | 'groups' | 'hosts' | 'checkpoints' | 'conversations' | 'idempotency' | 'chunks' | 'agents' | 'gcLocks' | 'events' | 'metrics' | 'logger' | 'now' | 'replicaId'>;
 
@@ -352,38 +370,88 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         }
         previous = conv.value.groupId;
       }
-      // Deterministic id: a retry after a crash finds the group it began to create.
-      const groupId = `g-${createHash('sha256').update(`${conversationId}|${previous ?? ''}`).digest('hex').slice(0, 24)}`;
-      let group = (await this.ctx.groups.get(groupId))?.value;
-      if (group === undefined) {
-        const chosen = chooseHost(candidates(this.ctx.fleet), { members: members.length });
-        if (chosen === undefined) throw new NoCapacity('no_capacity', 'no READY host has room for the group', { details: { members: members.length } });
-        const now = this.ctx.now();
-        group = {
-          groupId,
-          conversationId,
-          lifecycle: createGroup(chosen.hostId, now),
-          members: members.map((m): MemberRecord => ({ session: newMemberSession(m.memberId, m.cli) })),
-          starts: 0,
-          stops: 0,
-          ...(idle !== undefined ? { idleStopAfterMs: idle } : {}),
-          createdAtMs: now,
-          updatedAtMs: now,
-        };
-        try {
-          await this.ctx.groups.create({ record: group, events: [{ type: 'group_created', toState: 'PENDING', reason: previous !== undefined ? 'started_anew' : 'placed', version: 'created', detail: { hostId: chosen.hostId, conversationId, members: members.length, ...(previous !== undefined ? { previousGroupId: previous } : {}) } }] });
-        } catch (err) {
-          if (!(err instanceof CasConflictError)) throw err;
-          group = (await this.#ops.get(groupId)).value;
+      // Hosts whose agent refused the group for want of room (the read model still counted it).
+      const refusedBy = new Set<string>();
+      for (;;) {
+        const { groupId, group: found } = await this.#groupToOpen(conversationId, previous);
+        let group = found;
+        if (group === undefined) {
+          const chosen = chooseHost(candidates(this.ctx.fleet), { members: members.length, exclude: refusedBy });
+          if (chosen === undefined) {
+            throw new NoCapacity('no_capacity', refusedBy.size > 0 ? `no READY host has room for the group (full: ${[...refusedBy].join(', ')})` : 'no READY host has room for the group', { details: { members: members.length } });
+          }
+          const now = this.ctx.now();
+          group = {
+            groupId,
+            conversationId,
+            lifecycle: createGroup(chosen.hostId, now),
+            members: members.map((m): MemberRecord => ({ session: newMemberSession(m.memberId, m.cli) })),
+            starts: 0,
+            stops: 0,
+            ...(idle !== undefined ? { idleStopAfterMs: idle } : {}),
+            createdAtMs: now,
+            updatedAtMs: now,
+          };
+          try {
+            await this.ctx.groups.create({ record: group, events: [{ type: 'group_created', toState: 'PENDING', reason: previous !== undefined ? 'started_anew' : 'placed', version: 'created', detail: { hostId: chosen.hostId, conversationId, members: members.length, ...(previous !== undefined ? { previousGroupId: previous } : {}) } }] });
+          } catch (err) {
+            if (!(err instanceof CasConflictError)) throw err;
+            group = (await this.#ops.get(groupId)).value;
+          }
         }
+        // A concurrent open of the conversation (or a crashed earlier attempt) made this group: it
+        // must be the group asked for.
+        requireSameMembers(group, members);
+        try {
+          await this.#finishOpening(group);
+        } catch (err) {
+          if (!(err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity')) throw err;
+          refusedBy.add(group.lifecycle.hostId);
+          await this.#withdrawRefusedOpen(group, err.detail);
+          if (refusedBy.size >= MAX_REFUSED_PLACEMENTS) throw new NoCapacity('no_capacity', `hosts ${[...refusedBy].join(', ')} refused the group: full`, { details: { members: members.length } });
+          continue;
+        }
+        // The conversation names its group only once the group holds containers, so an open its host
+        // refused leaves the conversation as it was.
+        await this.#claimConversation(conversationId, groupId, conv?.revision);
+        return { group: await this.#viewOf(groupId), created: true };
       }
-      // A concurrent open of the conversation (or a crashed earlier attempt) made this group: it
-      // must be the group asked for.
-      requireSameMembers(group, members);
-      await this.#claimConversation(conversationId, groupId, conv?.revision);
-      await this.#finishOpening(group);
-      return { group: await this.#viewOf(groupId), created: true };
     });
+  }
+
+  /**
+   * The group an open of `conversationId` (started anew after `previous`) creates or finishes: the
+   * first of its deterministic ids (a retry after a crash finds the group it began to create) whose
+   * group was not withdrawn because its host refused it.
+   */
+  async #groupToOpen(conversationId: string, previous: string | undefined): Promise<{ groupId: string; group: GroupRecord | undefined }> {
+    for (let attempt = 0; attempt < MAX_WITHDRAWN_OPENS; attempt++) {
+      const groupId = groupIdFor(conversationId, previous, attempt);
+      const group = (await this.ctx.groups.get(groupId))?.value;
+      if (group?.openRefusedAtMs === undefined) return { groupId, group };
+    }
+    throw new NoCapacity('no_capacity', `conversation ${conversationId}: ${MAX_WITHDRAWN_OPENS} opens were refused by full hosts; try again later`, { details: { conversationId } });
+  }
+
+  /**
+   * The host refused to create the group (full: the agent counts its containers, the read model may
+   * lag behind a placement made a moment ago). The PENDING group is DESTROYED by compare-and-set
+   * before anything runs in it, marked so the conversation's next open takes the next group id, and
+   * a delete is sent to the host for whatever a concurrent open of the same group created there (the
+   * record proves nothing of it is needed; the host's registration deletes it otherwise).
+   */
+  async #withdrawRefusedOpen(group: GroupRecord, agentSays: string): Promise<void> {
+    const lc = group.lifecycle;
+    const now = this.ctx.now();
+    const after = await this.#ops.transition(group.groupId, { type: 'destroyed' }, `host ${lc.hostId} refused the open: ${agentSays}`,
+      (c) => c.lifecycle.state === 'PENDING' && c.lifecycle.generation === lc.generation && c.lifecycle.hostId === lc.hostId,
+      () => ({ openRefusedAtMs: now }));
+    this.ctx.logger.warn({ groupId: group.groupId, hostId: lc.hostId, withdrawn: after !== undefined, agentSays }, 'host refused the open for want of room');
+    if (after === undefined) {
+      // Another writer moved the group on (a concurrent open finished it): not ours to withdraw.
+      throw new Conflict('cas_conflict', `group ${group.groupId} changed while its refused open was withdrawn; retry`, { details: { groupId: group.groupId } });
+    }
+    await this.#ops.deleteOn(lc.hostId, group.groupId, lc.generation, 'open_refused');
   }
 
   /** Reopening a live group with another idle auto-stop changes its setting (the idle queue re-judges it). */

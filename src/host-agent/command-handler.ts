@@ -15,6 +15,7 @@ import type { HostHealth } from './host-health.ts';
 import type { AgentMetrics } from './metrics.ts';
 import { CommandResultCache, KeyedLock } from './result-cache.ts';
 import { boundMessage } from './wire.ts';
+import type { AgentRefusalReason } from '../wire/agent-protocol.ts';
 import type { ExecSessions } from './exec-sessions.ts';
 
 /** Commands are small; a restore manifest is the largest (bounded by core at ~960 KiB). */
@@ -47,6 +48,12 @@ function groupIdOf(cmd: AgentCommand): string | undefined {
   return c.value.groupId;
 }
 
+/**
+ * Refusals that did nothing and speak only of the moment (the host is full now): never cached, so
+ * the same command id sent again once room was made is judged again rather than refused forever.
+ */
+const MOMENTARY_REFUSALS: ReadonlySet<string> = new Set<AgentRefusalReason>(['no_capacity']);
+
 export class CommandHandler {
   private readonly cache = new CommandResultCache<AgentCommandResult>();
   private readonly locks = new KeyedLock();
@@ -68,7 +75,7 @@ export class CommandHandler {
   async handle(cmd: AgentCommand): Promise<AgentCommandResult> {
     const kind = cmd.command?.$case ?? 'none';
     if (cmd.commandId === '' || cmd.commandId.length > 128) return this.reply(cmd, CommandOutcome.REFUSED, 'invalid_argument', 'command_id must be 1..128 chars');
-    const { result, repeat } = await this.cache.run(cmd.commandId, () => this.execute(cmd));
+    const { result, repeat } = await this.cache.run(cmd.commandId, () => this.execute(cmd), (r) => !(r.outcome === CommandOutcome.REFUSED && MOMENTARY_REFUSALS.has(r.reason)));
     if (repeat) this.deps.logger.info({ commandId: cmd.commandId, kind }, 'repeated command answered from the first result');
     return result;
   }

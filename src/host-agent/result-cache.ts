@@ -8,8 +8,12 @@ export class CommandResultCache<T> {
 
   constructor(private readonly capacity = 1024) {}
 
-  /** Run `work` once per id; repeats get the stored or in-flight result. `repeat` tells which. */
-  async run(id: string, work: () => Promise<T>): Promise<{ result: T; repeat: boolean }> {
+  /**
+   * Run `work` once per id; repeats get the stored or in-flight result. `repeat` tells which.
+   * `keep(result)` false: the result is not stored (an answer about the moment that did nothing, so
+   * running the command again is safe and a later repeat must be judged afresh).
+   */
+  async run(id: string, work: () => Promise<T>, keep: (result: T) => boolean = () => true): Promise<{ result: T; repeat: boolean }> {
     const finished = this.done.get(id);
     if (finished !== undefined) return { result: finished, repeat: true };
     const inflight = this.running.get(id);
@@ -18,6 +22,7 @@ export class CommandResultCache<T> {
     this.running.set(id, p);
     try {
       const result = await p;
+      if (!keep(result)) return { result, repeat: false };
       this.done.set(id, result);
       while (this.done.size > this.capacity) this.done.delete(this.done.keys().next().value as string);
       return { result, repeat: false };
