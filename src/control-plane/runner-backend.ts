@@ -402,19 +402,29 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         // A concurrent open of the conversation (or a crashed earlier attempt) made this group: it
         // must be the group asked for.
         requireSameMembers(group, members);
-        try {
-          await this.#finishOpening(group);
-        } catch (err) {
-          if (!(err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity')) throw err;
-          refusedBy.add(group.lifecycle.hostId);
-          await this.#withdrawRefusedOpen(group, err.detail);
-          if (refusedBy.size >= MAX_REFUSED_PLACEMENTS) throw new NoCapacity('no_capacity', `hosts ${[...refusedBy].join(', ')} refused the group: full`, { details: { members: members.length } });
-          continue;
+        // Past PENDING: an earlier attempt (crashed before its claim, or a concurrent open) opened it.
+        if (group.lifecycle.state === 'PENDING') {
+          try {
+            await this.#finishOpening(group);
+          } catch (err) {
+            if (!(err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity')) throw err;
+            refusedBy.add(group.lifecycle.hostId);
+            await this.#withdrawRefusedOpen(group, err.detail);
+            if (refusedBy.size >= MAX_REFUSED_PLACEMENTS) throw new NoCapacity('no_capacity', `hosts ${[...refusedBy].join(', ')} refused the group: full`, { details: { members: members.length } });
+            continue;
+          }
         }
         // The conversation names its group only once the group holds containers, so an open its host
         // refused leaves the conversation as it was.
         await this.#claimConversation(conversationId, groupId, conv?.revision);
-        return { group: await this.#viewOf(groupId), created: true };
+        const view = await this.#viewOf(groupId);
+        if (view.state === 'LOST' || view.state === 'DESTROYED') {
+          // Ended before this open's claim (a host lost right after the start): as loud as any LOST group.
+          throw new IdentityRefused('conversation_lost', `conversation ${conversationId}: its group ${groupId} is ${view.state}; its native history is gone. OpenGroup with start_anew opens a new, empty group`, {
+            details: { groupId, groupState: view.state },
+          });
+        }
+        return { group: view, created: true };
       }
     });
   }
