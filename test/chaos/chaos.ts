@@ -169,6 +169,14 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
   const key = (w: number): string => `s${plan.seed}-w${w}-${++opSeq}`;
   const doubleRunning = new Set<string>();
   let running = true;
+  // What the schedule is waiting on, said when it runs long (a hung call shows where it hangs).
+  let phase = 'workload';
+  const doing: string[] = [];
+  const watchdog = setInterval(() => {
+    const s = Math.round((Date.now() - started) / 1000);
+    if (s >= 120) log(`  still running after ${s} s: ${phase}; workers ${doing.map((d, w) => `${w}=${d}`).join(' ')}`);
+  }, 30_000);
+  watchdog.unref();
 
   // Any replica's runner API answers (a follower forwards nothing: every call is CAS on the store).
   const api = (): Replica => {
@@ -194,6 +202,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     const mine: GroupHistory[] = [];
     while (running) {
       const p = r();
+      doing[w] = `op ${opSeq + 1} since ${new Date().toISOString().slice(11, 19)}`;
       try {
         if (mine.length === 0 || (p < 0.12 && mine.length < 3)) {
           const conversationId = `c-${plan.seed}-${w}-${mine.length}`;
@@ -225,6 +234,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
         await sleep(300);
       }
     }
+    doing[w] = 'done';
   };
 
   // Sampled every second: a group's containers running on two engines at once.
@@ -255,12 +265,16 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
 
   const workers = [worker(0), worker(1)];
   await sleep(plan.durationMs);
+  phase = 'faults still being injected or healed';
   await injector;
   running = false;
+  phase = 'workers finishing their last call';
   await Promise.all(workers);
+  phase = 'monitor finishing its sample';
   await monitor;
 
   // ---- final checks -------------------------------------------------------------------------
+  phase = 'final checks: fleet healthy';
   await waitHealthy(fleet, 180_000);
   // Hosts drained or found DEAD register again (agents restart), as an operator would bring them back.
   for (const [i, hostId] of fleet.hostIds.entries()) {
@@ -276,6 +290,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
   }
   await waitHealthy(fleet, 180_000);
 
+  phase = 'final checks: groups settled';
   // No group stays transitional past the evacuation deadline once the faults are over.
   const settleMs = fleet.config.evacuationDeadlineMs + 30_000;
   const finals = new Map<string, GroupRecord>();
@@ -291,6 +306,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     }
   }
 
+  phase = 'final checks: a turn on every group';
   let ackedWritesLost = 0;
   let silentLosses = 0;
   let lost = 0;
@@ -358,9 +374,11 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
   }
 
   // Tidy up: the next schedule starts with empty engines.
+  phase = 'destroying the groups';
   for (const groupId of history.keys()) {
     await retryCall(() => (fleet.leader() ?? api()).plane.admin.destroyGroup(groupId), 60_000).catch((err: unknown) => log(`  destroy ${groupId}: ${(err as Error).message}`));
   }
+  clearInterval(watchdog);
   return {
     seed: plan.seed,
     faults,
