@@ -11,7 +11,8 @@
 // Flow control end to end, no unbounded queue: the agent sends output only against credit; this
 // side grants credit as the consumer (the gRPC stream, itself behind HTTP/2 flow control) passes
 // output on (`consumed`), so at most one window per exec is ever in memory. A host that becomes
-// SUSPECT/DEAD/REMOVED or changes epoch mid-stream ends the exec UNAVAILABLE host_fenced.
+// DEAD/REMOVED or changes epoch mid-stream ends the exec UNAVAILABLE host_fenced; SUSPECT does not
+// (late heartbeats are not a verdict; see hostFenced).
 // Liveness both ways: this side sends a keepalive every third of the idle timeout (the agent cancels
 // an exec whose control plane fell silent), and the agent sends its own numbered keepalive as often
 // (an ExecAgentFrame stdin_credit of 0), so a lost frame always shows as a gap at the next frame —
@@ -91,11 +92,17 @@ function check(input: ExecStartInput): void {
   }
 }
 
-/** Why a host no longer runs an exec started at `epoch`, or undefined while it may. */
+/**
+ * Why a host no longer runs an exec started at `epoch`, or undefined while it may. SUSPECT is not a
+ * verdict (R-H3: heartbeats late, which a control-plane or NATS stall makes of every host at once):
+ * the exec goes on, watched by its own frames and keepalives (a host really gone ends it
+ * exec_transport_lost at the idle timeout); ending it here would end every turn in flight on the
+ * fleet, unconfirmed, at each stall. DEAD, REMOVED, UNATTESTED or another epoch fence it.
+ */
 function hostFenced(hostId: string, epoch: number, after: HostRecord | undefined): Unavailable | undefined {
   const state = after?.lifecycle.state ?? 'REMOVED';
   const now = after?.lifecycle.epoch ?? 0;
-  if (after !== undefined && now === epoch && (state === 'READY' || state === 'DRAINING')) return undefined;
+  if (after !== undefined && now === epoch && (state === 'READY' || state === 'DRAINING' || state === 'SUSPECT')) return undefined;
   return new Unavailable('host_fenced', `host ${hostId} is ${state} at epoch ${now} (the exec ran at epoch ${epoch})`, { details: { hostId, state } });
 }
 

@@ -3,7 +3,7 @@
 // Covered: a caller that aborted before the start answered (the process is cancelled, not left
 // holding a slot); cancel ends the exec's whole process group (a shell's pipeline); a caller that
 // leaves gets its unread output credited back, so the process flushes on SIGINT and exits by itself;
-// a host that became SUSPECT while the start was in flight (host_fenced); the container incarnation
+// a host read SUSPECT once the start answered runs on, and ends it host_fenced once DEAD; the container incarnation
 // fence; the SDK releasing a pending stdin write when the exec ends and dropping its abort listeners.
 // Lost frames need a seam: the relay is given a lossy view of its NATS connection (`lossy`, named in
 // each test) that drops chosen frames from the agent — the exit, output beyond the first frame, or
@@ -201,18 +201,22 @@ describe('Exec when things go wrong', () => {
     expect(Date.now() - t0).toBeLessThan(12_000);
   }, 60_000);
 
-  it('the host read SUSPECT when the start answers (seam: the read model) ends the exec host_fenced and cancels it', async () => {
-    let suspect = false;
+  it('a host read SUSPECT (seam: the read model) does not end the exec; DEAD then ends it host_fenced and cancels it', async () => {
+    let state: 'SUSPECT' | 'DEAD' | undefined;
+    let hostChanged: ((key: string, before: HostRecord | undefined, after: HostRecord | undefined) => void) | undefined;
+    const seen = (v: { value: HostRecord } | undefined) => (v === undefined || state === undefined ? v : { ...v, value: { ...v.value, lifecycle: { ...v.value.lifecycle, state } } as HostRecord });
     const deps: ExecRelayDeps = {
       ...plane.ctx,
       // SEAM: the read model reports the host SUSPECT (same epoch) once the start was sent — a
-      // heartbeat lapse that reached the model between the store read and the session's watch.
+      // heartbeat lapse, as a control-plane or NATS stall makes of every host — and DEAD later, each
+      // change told to the session's watch as the model would.
       fleet: new Proxy(plane.ctx.fleet, {
         get(target, prop, receiver) {
-          if (prop === 'host') {
-            return (key: string) => {
-              const v = target.host(key);
-              return v === undefined || !suspect ? v : { ...v, value: { ...v.value, lifecycle: { ...v.value.lifecycle, state: 'SUSPECT' } } as HostRecord };
+          if (prop === 'host') return (key: string) => seen(target.host(key));
+          if (prop === 'onHostChange') {
+            return (fn: NonNullable<typeof hostChanged>) => {
+              hostChanged = fn;
+              return target.onHostChange(fn);
             };
           }
           const v: unknown = Reflect.get(target, prop, receiver);
@@ -223,14 +227,25 @@ describe('Exec when things go wrong', () => {
         ...plane.ctx.agents,
         send: (async (...args: Parameters<typeof plane.ctx.agents.send>) => {
           const res = await plane.ctx.agents.send(...args);
-          suspect = true;
+          state = 'SUSPECT';
           return res;
         }) as typeof plane.ctx.agents.send,
       },
     };
     const relay = new ExecRelay(deps, fleet.nc);
     const s = await relay.exec(input(['sleep', '615'], { cancelGraceMs: 200 }), new AbortController().signal);
-    const r = await within(10_000, drain(s), 'an exec on a host that became SUSPECT');
+    let ended = false;
+    const done = drain(s).finally(() => (ended = true));
+    const key = 'host-a';
+    const before = plane.ctx.fleet.host(key)?.value ?? (await fleet.host(key));
+    hostChanged?.(key, before, seen({ value: before })!.value);
+    await new Promise((r) => setTimeout(r, 1_500));
+    expect(ended, 'an exec on a SUSPECT host runs on').toBe(false);
+    expect(await processes('sleep 615')).toHaveLength(1);
+
+    state = 'DEAD';
+    hostChanged?.(key, before, seen({ value: before })!.value);
+    const r = await within(10_000, done, 'an exec on a host that became DEAD');
     expect(r.error).toMatchObject({ reason: 'host_fenced' });
     await fleet.waitFor('the fenced exec\'s process ended', async () => ((await processes('sleep 615')).length === 0 ? true : undefined), 15_000);
   }, 60_000);

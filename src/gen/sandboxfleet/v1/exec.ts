@@ -20,7 +20,7 @@ export const protobufFileName = "sandboxfleet/v1/exec.proto";
  * ExecStarted (where it runs), then output frames, stdin credits, and one ExecExit, then OK. A
  * refusal is a gRPC status with an ErrorDetail: NOT_FOUND (group/member), FAILED_PRECONDITION
  * (stale_generation: the placement moved; group_not_running), UNAVAILABLE (host_unreachable,
- * host_fenced: the host became SUSPECT/DEAD/REMOVED or its epoch changed mid-stream,
+ * host_fenced: the host became DEAD/REMOVED or its epoch changed mid-stream (SUSPECT does not end it),
  * exec_transport_lost: a frame was lost, or nothing was heard from the host for 30 s — the host
  * agent sends a numbered keepalive every 10 s — or no exit came within twice the cancel grace and
  * 5 s after a cancel, timeout or output limit), INVALID_ARGUMENT (bounds), DEADLINE_EXCEEDED.
