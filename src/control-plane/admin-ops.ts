@@ -505,7 +505,7 @@ function ineligibility(host: HostCandidate | undefined, need: { members: number;
   if (host.bridgeVersion === undefined) return 'live-bridge version unproven';
   if (host.imageDigest !== need.imageDigest) return `image ${host.imageDigest} differs from the checkpoint's ${need.imageDigest}`;
   if (host.bridgeVersion !== need.bridgeVersion) return `bridge version ${host.bridgeVersion} differs from the checkpoint's ${need.bridgeVersion}`;
-  if (host.maxMembers - host.usedMembers < need.members) return `no room for ${need.members} member(s)`;
+  if (host.maxMembers - Math.max(host.usedMembers, host.reportedMembers ?? 0) < need.members) return `no room for ${need.members} member(s)`;
   return 'not eligible';
 }
 

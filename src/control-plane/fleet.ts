@@ -1,6 +1,7 @@
 // Placement candidates read from the fleet's read model, and the log-and-continue error summary of
-// control loops. Load is counted from the group records (the source of truth), not from agent
-// reports, so a placement decided a moment ago is already counted once its write reached the model.
+// control loops. Load is counted from the group records, so a placement decided a moment ago is
+// already counted once its write reached the model; beside it, what the host's latest heartbeat
+// says it holds (placement.ts: room is judged by the larger of the two).
 import { isFleetError } from '../core/index.ts';
 import type { FleetState } from './fleet-state.ts';
 import type { HostCandidate } from './placement.ts';
@@ -16,6 +17,7 @@ export function candidates(fleet: FleetState): HostCandidate[] {
       lifecycle: h.lifecycle,
       maxMembers: h.maxMembers,
       usedMembers: fleet.memberLoad(h.hostId),
+      reportedMembers: fleet.heartbeat(h.hostId)?.usedMembers ?? 0,
       imageDigest: h.attestation.imageDigest,
       bridgeVersion: h.attestation.bridgeVersion,
     });

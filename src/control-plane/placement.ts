@@ -10,6 +10,13 @@ export interface HostCandidate {
   readonly maxMembers: number;
   /** Members of non-terminal groups placed on (or migrating to) the host. */
   readonly usedMembers: number;
+  /**
+   * Member containers on the host's engine by its latest heartbeat (0: none yet). The agent counts
+   * every one (a LOST group's kept for retention, a moved group's copy not yet deleted) and refuses
+   * a create beyond its room, however empty the records make the host look: room is judged by the
+   * larger count, the spread by the records (what the fleet placed there).
+   */
+  readonly reportedMembers?: number;
   readonly imageDigest: string;
   /** Proven live-bridge version (undefined when not proven: never eligible). */
   readonly bridgeVersion?: number | undefined;
@@ -29,7 +36,7 @@ export function eligibleHosts(hosts: readonly HostCandidate[], need: PlacementNe
     acceptsPlacements(h.lifecycle) &&
     h.bridgeVersion !== undefined &&
     !(need.exclude?.has(h.hostId) ?? false) &&
-    h.maxMembers - h.usedMembers >= need.members &&
+    h.maxMembers - Math.max(h.usedMembers, h.reportedMembers ?? 0) >= need.members &&
     (need.imageDigest === undefined || h.imageDigest === need.imageDigest) &&
     (need.bridgeVersion === undefined || h.bridgeVersion === need.bridgeVersion));
 }

@@ -55,7 +55,6 @@ import {
   IdentityRefused,
   InvalidArgument,
   NoCapacity,
-  Conflict,
   NotFound,
   Unavailable,
   beginTurn,
@@ -100,10 +99,13 @@ import { cliKindFromName as cliKindToProto } from '../wire/cli-kind.ts';
 import { appendTurnEvidence, encodeTurnFlags, turnEvidenceBudget, type GroupRecord, type HeartbeatRecord, type HostRecord, type MemberRecord, type TurnEvidenceRecord } from './records.ts';
 import { Keys, type ControlPlaneDeps } from './state.ts';
 
-/** Hosts tried for one open after their agents refused it for want of room. */
-const MAX_REFUSED_PLACEMENTS = 3;
-/** Refused (withdrawn) groups of one conversation passed over before an open gives up. */
-const MAX_WITHDRAWN_OPENS = 16;
+/** Withdrawn groups of one conversation passed over before an open gives up (a bound, not a budget). */
+const MAX_WITHDRAWN_OPENS = 2 ** 16;
+
+/** The agent refused a command for want of room (it did nothing). */
+function isCapacityRefusal(err: unknown): err is AgentCommandFailed {
+  return err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity';
+}
 
 /** The `attempt`-th deterministic group id of a conversation opened (anew after `previous`). */
 function groupIdFor(conversationId: string, previous: string | undefined, attempt: number): string {
@@ -356,7 +358,10 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         if (existing !== undefined && !isTerminal(existing.value)) {
           requireSameMembers(existing.value, members);
           if (idle !== undefined && existing.value.idleStopAfterMs !== idle) await this.#setIdleStop(existing.value.groupId, idle);
-          if (existing.value.lifecycle.state === 'PENDING') await this.#finishOpening(existing.value);
+          // (A conversation named its PENDING group before its containers existed in older releases.)
+          if (existing.value.lifecycle.state === 'PENDING') await this.#finishOpening(existing.value).catch((err: unknown) => {
+            throw isCapacityRefusal(err) ? new NoCapacity('no_capacity', `host ${existing.value.lifecycle.hostId} has no room for the group now; try again later`, { details: { members: members.length } }) : err;
+          });
           return { group: await this.#viewOf(existing.value.groupId), created: false };
         }
         // The conversation's native history is gone (LOST, DESTROYED, or a record that is not
@@ -397,6 +402,8 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
           } catch (err) {
             if (!(err instanceof CasConflictError)) throw err;
             group = (await this.#ops.get(groupId)).value;
+            // A concurrent open created it and its host refused it since: the next id.
+            if (group.openRefusedAtMs !== undefined) continue;
           }
         }
         // A concurrent open of the conversation (or a crashed earlier attempt) made this group: it
@@ -407,10 +414,19 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
           try {
             await this.#finishOpening(group);
           } catch (err) {
-            if (!(err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity')) throw err;
-            refusedBy.add(group.lifecycle.hostId);
+            const lc = group.lifecycle;
+            // A concurrent open's host refused this group and withdrew it while this open worked on
+            // it: whatever this open made there is deleted (the withdrawn record proves it unneeded;
+            // its own delete may have come before this open's create), and the next id is tried.
+            const now = (await this.ctx.groups.get(groupId))?.value;
+            if (now?.openRefusedAtMs !== undefined) {
+              await this.#ops.deleteOn(lc.hostId, groupId, lc.generation, 'open_withdrawn');
+              continue;
+            }
+            if (!isCapacityRefusal(err)) throw err;
+            refusedBy.add(lc.hostId);
+            // Withdrawn here, or moved past PENDING by a concurrent open (then claimed as it is).
             await this.#withdrawRefusedOpen(group, err.detail);
-            if (refusedBy.size >= MAX_REFUSED_PLACEMENTS) throw new NoCapacity('no_capacity', `hosts ${[...refusedBy].join(', ')} refused the group: full`, { details: { members: members.length } });
             continue;
           }
         }
@@ -435,12 +451,30 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
    * group was not withdrawn because its host refused it.
    */
   async #groupToOpen(conversationId: string, previous: string | undefined): Promise<{ groupId: string; group: GroupRecord | undefined }> {
-    for (let attempt = 0; attempt < MAX_WITHDRAWN_OPENS; attempt++) {
+    const read = async (attempt: number) => {
       const groupId = groupIdFor(conversationId, previous, attempt);
-      const group = (await this.ctx.groups.get(groupId))?.value;
-      if (group?.openRefusedAtMs === undefined) return { groupId, group };
+      return { groupId, group: (await this.ctx.groups.get(groupId))?.value };
+    };
+    const first = await read(0);
+    if (first.group?.openRefusedAtMs === undefined) return first;
+    // Withdrawn ids are always a prefix (id n is created only after id n-1 was seen withdrawn, and a
+    // withdrawn group stays so): gallop to a free or live id, then bisect to the first one, in
+    // O(log n) reads however often the conversation's opens were refused.
+    let withdrawn = 0;
+    let beyond = 1;
+    for (;;) {
+      const r = await read(beyond);
+      if (r.group?.openRefusedAtMs === undefined) break;
+      withdrawn = beyond;
+      if (beyond >= MAX_WITHDRAWN_OPENS) throw new NoCapacity('no_capacity', `conversation ${conversationId}: its opens were refused by full hosts ${beyond} times; try again later`, { details: { conversationId } });
+      beyond *= 2;
     }
-    throw new NoCapacity('no_capacity', `conversation ${conversationId}: ${MAX_WITHDRAWN_OPENS} opens were refused by full hosts; try again later`, { details: { conversationId } });
+    while (beyond - withdrawn > 1) {
+      const mid = Math.floor((withdrawn + beyond) / 2);
+      if ((await read(mid)).group?.openRefusedAtMs !== undefined) withdrawn = mid;
+      else beyond = mid;
+    }
+    return read(beyond);
   }
 
   /**
@@ -454,14 +488,11 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const lc = group.lifecycle;
     const now = this.ctx.now();
     const after = await this.#ops.transition(group.groupId, { type: 'destroyed' }, `host ${lc.hostId} refused the open: ${agentSays}`,
-      (c) => c.lifecycle.state === 'PENDING' && c.lifecycle.generation === lc.generation && c.lifecycle.hostId === lc.hostId,
+      (c) => c.lifecycle.state === 'PENDING' && c.openRefusedAtMs === undefined && c.lifecycle.generation === lc.generation && c.lifecycle.hostId === lc.hostId,
       () => ({ openRefusedAtMs: now }));
     this.ctx.logger.warn({ groupId: group.groupId, hostId: lc.hostId, withdrawn: after !== undefined, agentSays }, 'host refused the open for want of room');
-    if (after === undefined) {
-      // Another writer moved the group on (a concurrent open finished it): not ours to withdraw.
-      throw new Conflict('cas_conflict', `group ${group.groupId} changed while its refused open was withdrawn; retry`, { details: { groupId: group.groupId } });
-    }
-    await this.#ops.deleteOn(lc.hostId, group.groupId, lc.generation, 'open_refused');
+    // Not withdrawn: another writer moved the group on (a concurrent open finished it, or withdrew it).
+    if (after !== undefined) await this.#ops.deleteOn(lc.hostId, group.groupId, lc.generation, 'open_refused');
   }
 
   /** Reopening a live group with another idle auto-stop changes its setting (the idle queue re-judges it). */

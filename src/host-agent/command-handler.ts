@@ -49,10 +49,12 @@ function groupIdOf(cmd: AgentCommand): string | undefined {
 }
 
 /**
- * Refusals that did nothing and speak only of the moment (the host is full now): never cached, so
- * the same command id sent again once room was made is judged again rather than refused forever.
+ * Refusals that speak only of the moment (the host is full now, the command came after its
+ * deadline): never cached, so the same command id sent again later is judged again rather than
+ * refused until the cache forgets it. A group command refused so did nothing (both are checked
+ * before it acts); exec ids are never sent twice.
  */
-const MOMENTARY_REFUSALS: ReadonlySet<string> = new Set<AgentRefusalReason>(['no_capacity']);
+const MOMENTARY_REFUSALS: ReadonlySet<string> = new Set<AgentRefusalReason>(['no_capacity', 'deadline_exceeded']);
 
 export class CommandHandler {
   private readonly cache = new CommandResultCache<AgentCommandResult>();

@@ -28,6 +28,15 @@ describe('placement', () => {
     expect(eligibleHosts(hosts, { members: 3 }).map((h) => h.hostId)).toEqual(['b']);
   });
 
+  it('judges room by the larger of the records and the host\'s own report, and spreads by the records', () => {
+    // a: empty by the records, full by its heartbeat (containers of LOST groups it keeps); b, c by both.
+    const hosts = [host('a', 'READY', 0, { reportedMembers: 4 }), host('b', 'READY', 2, { reportedMembers: 1 }), host('c', 'READY', 1, { reportedMembers: 3 })];
+    expect(eligibleHosts(hosts, { members: 1 }).map((h) => h.hostId)).toEqual(['b', 'c']);
+    expect(chooseHost(hosts, { members: 1 })?.hostId).toBe('c');
+    expect(chooseHost(hosts, { members: 2 })?.hostId).toBe('b');
+    expect(chooseHost(hosts, { members: 3 })).toBeUndefined();
+  });
+
   it('restores only onto hosts with the checkpoint image digest and bridge version (R-G4)', () => {
     const hosts = [host('a', 'READY', 0, { imageDigest: `sha256:${'c'.repeat(64)}` }), host('b', 'READY', 2)];
     expect(chooseHost(hosts, { members: 1, imageDigest: D, bridgeVersion: 4 })?.hostId).toBe('b');
