@@ -378,7 +378,12 @@ export class DockerRuntime {
     const stopMillis = Math.round(performance.now() - t0);
     const after = await this.inspect(before.id);
     if (raced) return this.evidence(after, true, false, [], graceSeconds, stopMillis);
-    const signals = await this.killSignals(before.id, startMs);
+    const untilMs = Date.now();
+    // The wall clock was stepped back during the stop (NTP): the window is taken back from now by
+    // the monotonic time the stop lasted (and a second), so `since` is never after `until`, which the
+    // engine refuses (a stop failed for it and its group stayed STOPPING: chaos seed 4108).
+    const sinceMs = untilMs - stopMillis < startMs ? Math.max(0, untilMs - stopMillis - 1_000) : startMs;
+    const signals = await this.killSignals(before.id, sinceMs, untilMs);
     // Events are authoritative; the timing rule covers an event the engine may not have kept.
     const engineKilled = signals.includes(9) || (after.exitCode === 137 && stopMillis >= graceSeconds * 1000);
     return this.evidence(after, false, engineKilled, signals, graceSeconds, stopMillis);
@@ -407,12 +412,12 @@ export class DockerRuntime {
     };
   }
 
-  /** Signals the engine sent to a container since a time, from its `kill` events (attribute `signal`). */
-  private async killSignals(id: string, sinceMs: number): Promise<number[]> {
+  /** Signals the engine sent to a container between two times, from its `kill` events (attribute `signal`). */
+  private async killSignals(id: string, sinceMs: number, untilMs: number): Promise<number[]> {
     // `until` must not be in the future, or the engine keeps the stream open until then.
     const stream = await this.docker.getEvents({
       since: Math.floor(sinceMs / 1000),
-      until: (Date.now() / 1000).toFixed(3) as unknown as number,
+      until: (untilMs / 1000).toFixed(3) as unknown as number,
       filters: { type: ['container'], container: [id], event: ['kill'] },
     });
     const text = (await withTimeout(readAll(stream), 10_000, 'reading engine events')).toString('utf8');

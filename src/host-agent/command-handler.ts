@@ -56,6 +56,19 @@ function groupIdOf(cmd: AgentCommand): string | undefined {
  */
 const MOMENTARY_REFUSALS: ReadonlySet<string> = new Set<AgentRefusalReason>(['no_capacity', 'deadline_exceeded']);
 
+/**
+ * Whether a repeat of `cmd` gets `result` back instead of running again. Not kept: a momentary
+ * refusal, and a FAILED stop. A stop is safe to run again (a container the failed attempt stopped is
+ * found stopped, reported so and never claimed clean, R-G2), and the control plane finishes a stop
+ * left STOPPING with the same command id: a cached failure would keep the group STOPPING for as long
+ * as the cache remembers it (chaos seed 4108).
+ */
+export function keepResult(cmd: AgentCommand, result: AgentCommandResult): boolean {
+  if (result.outcome === CommandOutcome.REFUSED) return !MOMENTARY_REFUSALS.has(result.reason);
+  if (result.outcome === CommandOutcome.FAILED) return cmd.command?.$case !== 'stopGroup';
+  return true;
+}
+
 export class CommandHandler {
   private readonly cache = new CommandResultCache<AgentCommandResult>();
   private readonly locks = new KeyedLock();
@@ -77,7 +90,7 @@ export class CommandHandler {
   async handle(cmd: AgentCommand): Promise<AgentCommandResult> {
     const kind = cmd.command?.$case ?? 'none';
     if (cmd.commandId === '' || cmd.commandId.length > 128) return this.reply(cmd, CommandOutcome.REFUSED, 'invalid_argument', 'command_id must be 1..128 chars');
-    const { result, repeat } = await this.cache.run(cmd.commandId, () => this.execute(cmd), (r) => !(r.outcome === CommandOutcome.REFUSED && MOMENTARY_REFUSALS.has(r.reason)));
+    const { result, repeat } = await this.cache.run(cmd.commandId, () => this.execute(cmd), (r) => keepResult(cmd, r));
     if (repeat) this.deps.logger.info({ commandId: cmd.commandId, kind }, 'repeated command answered from the first result');
     return result;
   }

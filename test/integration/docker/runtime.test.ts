@@ -3,7 +3,7 @@
 // idempotency, exit evidence for clean and unclean stops (R-G2), the writable layer (upper dir).
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { DockerRuntimeError } from '../../../src/docker/errors.ts';
 import { DockerRuntime, LABELS, memberContainerName, type MemberSpec } from '../../../src/docker/runtime.ts';
 import { destroyAll, startDockerHosts, type DockerHost } from '../../support/docker.ts';
@@ -123,6 +123,28 @@ describe('DockerRuntime', () => {
     expect(again).toMatchObject({ alreadyStopped: true, exitedByItself: false, exitCode: 0 });
     // The writable layer survives the stop.
     expect(existsSync(await a.upperDir(id))).toBe(true);
+    await a.remove(id);
+  });
+
+  it('answers a stop across a step back of the wall clock (seam: Date.now of this process, as NTP steps a host\'s clock)', async () => {
+    const { id } = await a.createMember(spec({ groupId: 'clockstep' }));
+    await a.start(id);
+    await waitReady(a, id);
+    // Stepped back 3 s right after the stop began (chaos seed 4108: the engine refused an events
+    // query whose `since` came after its `until`, the stop failed and its group stayed STOPPING).
+    const realNow = Date.now.bind(Date);
+    let calls = 0;
+    const stepped = vi.spyOn(Date, 'now').mockImplementation(() => (calls++ === 0 ? realNow() : realNow() - 3_000));
+    let ev;
+    try {
+      ev = await a.stop(id, 5);
+    } finally {
+      stepped.mockRestore();
+    }
+    expect(calls).toBeGreaterThan(1);
+    // Only this process's clock stepped, not the engine's: its kill event falls outside the
+    // stepped window, so the signals are not asserted here; the stop's own evidence is.
+    expect(ev).toMatchObject({ alreadyStopped: false, exitCode: 0, oomKilled: false, engineKilled: false, exitedByItself: true });
     await a.remove(id);
   });
 

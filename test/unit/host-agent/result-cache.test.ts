@@ -1,6 +1,8 @@
 // The agent's command-result cache (R-H6): a repeat of a command id gets the first answer, except an
 // answer the caller says not to keep (a momentary refusal that did nothing), which is judged again.
 import { describe, expect, it } from 'vitest';
+import { AgentCommand, AgentCommandResult, CommandOutcome } from '../../../src/gen/sandboxfleet/v1/agent.ts';
+import { keepResult } from '../../../src/host-agent/command-handler.ts';
 import { CommandResultCache } from '../../../src/host-agent/result-cache.ts';
 
 describe('CommandResultCache', () => {
@@ -21,5 +23,24 @@ describe('CommandResultCache', () => {
     expect(await cache.run('create-g1', async () => answers.shift()!, keep)).toEqual({ result: 'created', repeat: false });
     expect(await cache.run('create-g1', async () => 'never', keep)).toEqual({ result: 'created', repeat: true });
     expect(cache.size).toBe(1);
+  });
+});
+
+describe('which agent answers a repeat gets back (keepResult)', () => {
+  const cmd = (command: AgentCommand['command']) => AgentCommand.fromPartial({ commandId: 'c', command });
+  const result = (outcome: CommandOutcome, reason = '') => AgentCommandResult.fromPartial({ outcome, reason });
+  const stop = cmd({ $case: 'stopGroup', value: { groupId: 'g', graceMs: 1000 } });
+  const create = cmd({ $case: 'createGroup', value: { groupId: 'g', conversationId: 'c', members: [], imageRef: '', imageDigest: '' } });
+
+  it('keeps what was done or refused for good, and a failure of anything but a stop', () => {
+    expect(keepResult(stop, result(CommandOutcome.OK))).toBe(true);
+    expect(keepResult(create, result(CommandOutcome.REFUSED, 'stale_generation'))).toBe(true);
+    expect(keepResult(create, result(CommandOutcome.FAILED, 'docker_engine_error'))).toBe(true);
+  });
+
+  it('never keeps a momentary refusal, nor a failed stop (the control plane finishes a stop with the same id)', () => {
+    expect(keepResult(create, result(CommandOutcome.REFUSED, 'no_capacity'))).toBe(false);
+    expect(keepResult(create, result(CommandOutcome.REFUSED, 'deadline_exceeded'))).toBe(false);
+    expect(keepResult(stop, result(CommandOutcome.FAILED, 'stop_failed'))).toBe(false);
   });
 });
