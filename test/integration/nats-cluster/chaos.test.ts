@@ -14,11 +14,13 @@ import { FAULT_KINDS, planSchedule, readyFleet, runSchedule } from '../../chaos/
 /**
  * Seeds whose plans between them inject every fault kind (checked below): 2 clock_jump (a replica's),
  * dockerd_kill, agent_kill; 5 nats_kill, clock_jump (a host agent's), chunk_flip; 81 nats_kill,
- * nats_freeze, agent_freeze; 83 chunk_flip, leader_crash, agent_freeze. Regression: 2025
+ * nats_freeze, agent_freeze; 83 chunk_flip, leader_crash, agent_freeze. Regressions: 2025
  * (nats_freeze, agent_freeze) once left a group running on the host it had moved off
- * (source-back-during-move.test.ts is its deterministic form).
+ * (source-back-during-move.test.ts is its deterministic form); 4108 (nats_freeze, nats_kill, a host
+ * agent's clock stepped) once left a group STOPPING: a stop across the clock step failed and the
+ * failure was cached (runtime.test.ts's clock-step stop is its deterministic form).
  */
-const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,5,81,83,2025').split(',').map(Number);
+const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,5,81,83,2025,4108').split(',').map(Number);
 const DURATION_MS = 15_000;
 
 let fleet: ClusterFleet;
