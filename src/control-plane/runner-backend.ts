@@ -102,6 +102,13 @@ import { Keys, type ControlPlaneDeps } from './state.ts';
 /** Withdrawn groups of one conversation passed over before an open gives up (a bound, not a budget). */
 const MAX_WITHDRAWN_OPENS = 2 ** 16;
 
+/** OpenGroup of a conversation whose group is gone (LOST, DESTROYED, absent): loud, never replaced silently. */
+function conversationLost(conversationId: string, groupId: string, state: string, lostReason: string | undefined): IdentityRefused {
+  return new IdentityRefused('conversation_lost', `conversation ${conversationId}: its group ${groupId} is ${state}${lostReason !== undefined ? ` (${lostReason})` : ''}; its native history is gone. OpenGroup with start_anew opens a new, empty group`, {
+    details: { groupId, groupState: state, lostReason },
+  });
+}
+
 /** The agent refused a command for want of room (it did nothing). */
 function isCapacityRefusal(err: unknown): err is AgentCommandFailed {
   return err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity';
@@ -367,11 +374,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         // The conversation's native history is gone (LOST, DESTROYED, or a record that is not
         // there): say so, and open a new, empty group only when the runner asked for one.
         if (!startAnew) {
-          const state = existing?.value.lifecycle.state ?? 'absent';
-          const lostReason = existing?.value.lifecycle.lostReason;
-          throw new IdentityRefused('conversation_lost', `conversation ${conversationId}: its group ${conv.value.groupId} is ${state}${lostReason !== undefined ? ` (${lostReason})` : ''}; its native history is gone. OpenGroup with start_anew opens a new, empty group`, {
-            details: { groupId: conv.value.groupId, groupState: state, lostReason },
-          });
+          throw conversationLost(conversationId, conv.value.groupId, existing?.value.lifecycle.state ?? 'absent', existing?.value.lifecycle.lostReason);
         }
         previous = conv.value.groupId;
       }
@@ -436,9 +439,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         const view = await this.#viewOf(groupId);
         if (view.state === 'LOST' || view.state === 'DESTROYED') {
           // Ended before this open's claim (a host lost right after the start): as loud as any LOST group.
-          throw new IdentityRefused('conversation_lost', `conversation ${conversationId}: its group ${groupId} is ${view.state}; its native history is gone. OpenGroup with start_anew opens a new, empty group`, {
-            details: { groupId, groupState: view.state },
-          });
+          throw conversationLost(conversationId, groupId, view.state, view.lostReason);
         }
         return { group: view, created: true };
       }
