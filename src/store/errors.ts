@@ -137,6 +137,16 @@ function isWrongLastSequence(err: unknown): boolean {
 /** JetStream API error code for "message size exceeds maximum allowed" (server NewJSStreamMessageExceedsMaximumError). */
 const MESSAGE_EXCEEDS_MAXIMUM = 10054;
 
+/**
+ * nats.js turns a JetStream publish that no server answered (no responders: the stream has no
+ * leader while a NATS node restarts or its streams elect) into `JetStreamNotEnabled`, a class it
+ * does not export; known by its name and its no-responders cause. The same class with a JetStream
+ * API cause (JetStream disabled for the account) is a configuration error and stays unknown.
+ */
+function isNoJetStreamResponder(err: unknown): boolean {
+  return err instanceof Error && err.name === 'JetStreamNotEnabled' && err.cause instanceof RequestError && err.cause.isNoResponders();
+}
+
 function isUnavailable(err: unknown): boolean {
   return (
     err instanceof TimeoutError ||
@@ -144,7 +154,8 @@ function isUnavailable(err: unknown): boolean {
     err instanceof ClosedConnectionError ||
     err instanceof DrainingConnectionError ||
     err instanceof ConnectionError ||
-    (err instanceof RequestError && (err.isNoResponders() || err.cause instanceof TimeoutError))
+    (err instanceof RequestError && (err.isNoResponders() || err.cause instanceof TimeoutError)) ||
+    isNoJetStreamResponder(err)
   );
 }
 

@@ -1,6 +1,7 @@
 // Durability across nats-server restarts (clean stop and SIGKILL) on the same store dir: KV
 // values and revisions, events and checkpoint chunks survive, CAS continues from the stored revisions,
 // and an open connection reconnects by itself. Also checks the fsync policy really applied.
+import { jetstreamManager } from '@nats-io/jetstream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { StateStore } from '../../../src/store/connection.ts';
@@ -114,6 +115,24 @@ describe('restart durability', () => {
     // Ambiguity is resolved by re-reading: the write did not land, so the old revision still works.
     expect((await repo.get('g'))?.revision).toBe(rev);
     await repo.update('g', { groupId: 'g', hostId: 'h2', generation: 2 }, rev);
+  });
+
+  it('reports store_unavailable for a write no stream answers (no responders), never an unknown error', async () => {
+    // A KV write published while no server holds its stream (a NATS node restarting, its streams
+    // electing a leader) gets "no responders", which nats.js raises as JetStreamNotEnabled. Unmapped,
+    // the runner API answered INTERNAL, which a runner does not retry (found by the chaos workload
+    // over gRPC). Here the streams are deleted under an open repository to get the same answer.
+    nats = await startTestNats();
+    const nc = await nats.connect('no-stream');
+    const store = await StateStore.open(nc, { timeoutMs: 1000 });
+    const repo = store.shardedRepository('groups', Placement);
+    const rev = await repo.create('g', { groupId: 'g', hostId: 'h1', generation: 1 });
+    const jsm = await jetstreamManager(nc);
+    for await (const name of jsm.streams.names()) if (name.startsWith('KV_')) await jsm.streams.delete(name);
+    const w = await repo.update('g', { groupId: 'g', hostId: 'h2', generation: 2 }, rev).catch((e: unknown) => e);
+    expect(w).toBeInstanceOf(StoreUnavailableError);
+    expect((w as StoreUnavailableError).reason).toBe('store_unavailable');
+    expect((w as StoreUnavailableError).ambiguous).toBe(true);
   });
 
   it('applies a configured fsync interval instead of always', async () => {
