@@ -1,6 +1,6 @@
 // The seeded chaos suite (issue 15): on a ClusterFleet (3-node NATS cluster, R3; two control-plane
 // replicas; real agents on real dockerd hosts), each schedule runs a live workload through the
-// runner API (open groups, turns = BeginTurn + the CLI's session write + CompleteTurn, stops,
+// runner API, over gRPC with the runner SDK on any replica as a runner does (open groups, turns = BeginTurn + the CLI's session write + CompleteTurn, stops,
 // restores = a turn on a stopped group, a drain) while its fault plan injects faults at seeded
 // moments. Everything a schedule chooses — operations, fault kinds, targets, moments, hold times —
 // comes from its seed (mulberry32), so `--seed N` replays the same plan; how the concurrent parts
@@ -37,9 +37,10 @@ import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { GroupRecord } from '../../src/control-plane/records.ts';
+import { RunnerError, WireContextState as ContextState } from '../../src/runner-sdk/index.ts';
 import { nativeSessionPath, writeNativeSession } from '../support/native-session.ts';
 import { waitFor, type ClusterFleet, type Replica } from './cluster-fleet.ts';
-import { isFinalRefusal, retryCall, SUCCESS } from './workload.ts';
+import { isFinalRefusal, retryCall, WIRE_SUCCESS } from './workload.ts';
 
 export const FAULT_KINDS = ['nats_kill', 'nats_freeze', 'leader_crash', 'agent_kill', 'agent_freeze', 'chunk_flip', 'dockerd_kill', 'clock_jump'] as const;
 export type FaultKind = (typeof FAULT_KINDS)[number];
@@ -124,6 +125,8 @@ export interface ScheduleResult {
   readonly ackedOperations: number;
   readonly ackedOpsByKind: Record<string, number>;
   readonly refused: number;
+  /** Calls that failed for good, by gRPC code and reason (`FAILED_PRECONDITION/group_lost`): none acknowledged. */
+  readonly unacknowledgedByCode: Record<string, number>;
   readonly violations: readonly string[];
   readonly ackedWritesLost: number;
   readonly doubleRunning: number;
@@ -164,6 +167,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
   const history = new Map<string, GroupHistory>();
   const acked: Record<string, number> = {};
   let refused = 0;
+  const unacknowledged: Record<string, number> = {};
   let opSeq = 0;
   const ack = (kind: string): void => void (acked[kind] = (acked[kind] ?? 0) + 1);
   const key = (w: number): string => `s${plan.seed}-w${w}-${++opSeq}`;
@@ -178,7 +182,8 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
   }, 30_000);
   watchdog.unref();
 
-  // Any replica's runner API answers (a follower forwards nothing: every call is CAS on the store).
+  // Any replica's runner API answers (a follower forwards nothing: every call is CAS on the store);
+  // a runner reaches them over gRPC (each replica's server, the SDK client with no retries of its own).
   const api = (): Replica => {
     const live = fleet.replicas;
     if (live.length === 0) throw new Error('no control-plane replica');
@@ -188,11 +193,11 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
 
   const turn = async (w: number, h: GroupHistory): Promise<void> => {
     const k = key(w);
-    const begun = await retryCall(() => api().plane.runner.beginTurn({ idempotencyKey: `${k}-b`, groupId: h.groupId, memberId: 'm1' }), 30_000);
-    ack(begun.contextState === 'RESTORED' ? 'restore' : 'begin_turn');
+    const begun = await retryCall(() => api().runner.beginTurn({ groupId: h.groupId, memberId: 'm1' }, { idempotencyKey: `${k}-b` }), 30_000);
+    ack(begun.contextState === ContextState.RESTORED ? 'restore' : 'begin_turn');
     await writeNativeSession(fleet.hosts[hostIndex(begun.hostId)]!.docker, begun.containerId, 'claude_code', h.locator);
     h.writtenTurns += 1;
-    await retryCall(() => api().plane.runner.completeTurn({ idempotencyKey: `${k}-c`, groupId: h.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: h.locator, evidence: SUCCESS }), 30_000);
+    await retryCall(() => api().runner.completeTurn({ groupId: h.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: h.locator, evidence: WIRE_SUCCESS }, { idempotencyKey: `${k}-c` }), 30_000);
     h.ackedTurns += 1;
     ack('complete_turn');
   };
@@ -206,7 +211,9 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
       try {
         if (mine.length === 0 || (p < 0.12 && mine.length < 3)) {
           const conversationId = `c-${plan.seed}-${w}-${mine.length}`;
-          const { group } = await retryCall(() => api().plane.runner.openGroup({ idempotencyKey: key(w), conversationId, members: [{ memberId: 'm1', cli: 'claude_code' }] }), 30_000);
+          const k = key(w);
+          const { group } = await retryCall(() => api().runner.openGroup({ conversationId, members: [{ memberId: 'm1', cli: 'claude-code' }] }, { idempotencyKey: k }), 30_000);
+          if (group === undefined) throw new Error('OpenGroup answered no group');
           ack('open_group');
           const h: GroupHistory = { groupId: group.groupId, locator: `sess-${plan.seed}-${w}-${mine.length}`, ackedTurns: 0, writtenTurns: 0 };
           mine.push(h);
@@ -216,7 +223,8 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
         const h = mine[Math.floor(r() * mine.length)]!;
         if (p < 0.75) await turn(w, h);
         else if (p < 0.95 || drained) {
-          await retryCall(() => api().plane.runner.stopGroup({ idempotencyKey: key(w), groupId: h.groupId }), 30_000);
+          const k = key(w);
+          await retryCall(() => api().runner.stopGroup({ groupId: h.groupId }, { idempotencyKey: k }), 30_000);
           ack('stop_group');
         } else {
           // One drain per schedule at most: the group's host is emptied and must register again.
@@ -229,7 +237,11 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
           }
         }
       } catch (err) {
-        if (!isFinalRefusal(err)) log(`  op failed (not acknowledged): ${(err as Error).message.slice(0, 160)}`);
+        // A retried-out call, or an internal error (a runner does not retry it, and a fault should
+        // answer UNAVAILABLE instead): said, with what the replica answered.
+        if (!isFinalRefusal(err) || (err instanceof RunnerError && err.codeName === 'INTERNAL')) log(`  op failed (not acknowledged): ${(err as Error).message.slice(0, 160)}`);
+        const code = err instanceof RunnerError ? `${err.codeName}/${err.reason}` : (err as Error).name;
+        unacknowledged[code] = (unacknowledged[code] ?? 0) + 1;
         refused += 1;
         await sleep(300);
       }
@@ -337,13 +349,13 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     // exactly one engine runs it.
     try {
       const k = `s${plan.seed}-final-${h.groupId}`;
-      const begun = await retryCall(() => api().plane.runner.beginTurn({ idempotencyKey: `${k}-b`, groupId: h.groupId, memberId: 'm1' }), 60_000);
+      const begun = await retryCall(() => api().runner.beginTurn({ groupId: h.groupId, memberId: 'm1' }, { idempotencyKey: `${k}-b` }), 60_000);
       if (h.ackedTurns > 0) {
         const lines = await sessionLines(fleet, hostIndex(begun.hostId), begun.containerId, h.locator);
-        if (lines < h.ackedTurns || lines > h.writtenTurns) violations.push(`restored_stale: ${h.groupId} session has ${lines} turns, ${h.ackedTurns} acknowledged, ${h.writtenTurns} written (${begun.contextState})`);
+        if (lines < h.ackedTurns || lines > h.writtenTurns) violations.push(`restored_stale: ${h.groupId} session has ${lines} turns, ${h.ackedTurns} acknowledged, ${h.writtenTurns} written (${ContextState[begun.contextState]})`);
         await writeNativeSession(fleet.hosts[hostIndex(begun.hostId)]!.docker, begun.containerId, 'claude_code', h.locator);
       }
-      await retryCall(() => api().plane.runner.completeTurn({ idempotencyKey: `${k}-c`, groupId: h.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: h.locator, evidence: SUCCESS }), 60_000);
+      await retryCall(() => api().runner.completeTurn({ groupId: h.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: h.locator, evidence: WIRE_SUCCESS }, { idempotencyKey: `${k}-c` }), 60_000);
       const runningOn = (await fleet.containersOf(h.groupId)).filter((c) => c.running);
       if (runningOn.length !== 1 || runningOn[0]!.host !== begun.hostId) {
         violations.push(`not_exactly_one: ${h.groupId} running ${runningOn.length}x (${runningOn.map((c) => `${c.host}:${c.id.slice(0, 12)}`).join(', ')}), placed on ${begun.hostId}`);
@@ -385,6 +397,7 @@ export async function runSchedule(fleet: ClusterFleet, plan: SchedulePlan, log: 
     ackedOperations: Object.values(acked).reduce((a, b) => a + b, 0),
     ackedOpsByKind: acked,
     refused,
+    unacknowledgedByCode: unacknowledged,
     violations,
     ackedWritesLost,
     doubleRunning: doubleRunning.size,
@@ -600,6 +613,8 @@ export interface ChaosFigures {
   readonly faults_by_kind: Record<string, number>;
   readonly acked_operations: number;
   readonly acked_operations_by_kind: Record<string, number>;
+  /** Operations that failed for good (after the workload's retries), by gRPC code/reason. */
+  readonly unacknowledged_by_code: Record<string, number>;
   readonly violations: number;
   readonly violation_list: readonly string[];
   readonly acked_writes_lost: number;
@@ -623,12 +638,15 @@ export function figures(results: readonly ScheduleResult[]): ChaosFigures {
   for (const f of faults) (byKind[f.kind] ??= []).push(f.recoveryS);
   const ops: Record<string, number> = {};
   for (const r of results) for (const [k, v] of Object.entries(r.ackedOpsByKind)) ops[k] = (ops[k] ?? 0) + v;
+  const unacked: Record<string, number> = {};
+  for (const r of results) for (const [k, v] of Object.entries(r.unacknowledgedByCode)) unacked[k] = (unacked[k] ?? 0) + v;
   return {
     schedules: results.length,
     seeds: results.map((r) => r.seed),
     faults_by_kind: Object.fromEntries(Object.entries(byKind).map(([k, v]) => [k, v.length])),
     acked_operations: results.reduce((a, r) => a + r.ackedOperations, 0),
     acked_operations_by_kind: ops,
+    unacknowledged_by_code: unacked,
     violations: results.reduce((a, r) => a + r.violations.length, 0),
     violation_list: results.flatMap((r) => r.violations.map((v) => `seed ${r.seed}: ${v}`)),
     acked_writes_lost: results.reduce((a, r) => a + r.ackedWritesLost, 0),

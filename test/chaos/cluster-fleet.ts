@@ -6,6 +6,9 @@
 // closes its connection first and only then stops it: nothing it did not already write reaches
 // NATS, and its leader lease is not given up (the resign fails on the closed connection), so the
 // next leader waits for the lease to expire as after a SIGKILL of a control-plane pod.
+// Each replica serves the runner API over gRPC with mTLS on loopback, as a control-plane pod does,
+// and the fleet holds a runner SDK client per replica: the chaos workload's turns go through that
+// API (R-I1), and a crash shuts the replica's server with its connection.
 // Each replica takes its time from its own clock (the ControlPlane's injectable `now`): the real
 // clock plus an offset the chaos runner can jump at run time (jumpClock), as NTP stepping the
 // clock of the node a control-plane pod runs on would. A host's engine can be wiped (wipeDocker:
@@ -15,6 +18,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { ApiServer } from '../../src/api/runner-server.ts';
 import { ControlPlaneConfigSchema, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
 import { CONTROL_PLANE_BUCKETS, type ControlPlaneBuckets } from '../../src/control-plane/buckets.ts';
 import { ControlPlane } from '../../src/control-plane/control-plane.ts';
@@ -23,8 +27,10 @@ import { Keys } from '../../src/control-plane/state.ts';
 import { API_SHA } from '../../src/gen/api-sha.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
+import { RunnerClient } from '../../src/runner-sdk/index.ts';
 import { ChunkStore } from '../../src/store/chunk-store.ts';
 import { StateStore } from '../../src/store/connection.ts';
+import { createTestPki, type TestPki } from '../support/certs.ts';
 import { spawnAgent, TEST_AGENT_SHA, type ChildAgent } from '../support/agent.ts';
 import { destroyAll, dockerHostName, startDockerHosts, type DockerHost } from '../support/docker.ts';
 import { startNatsCluster, type NatsCluster } from '../support/nats-cluster.ts';
@@ -50,6 +56,10 @@ export interface Replica {
   readonly plane: ControlPlane;
   readonly nc: NatsConnection;
   readonly metrics: FleetMetrics;
+  /** The replica's runner API (gRPC, mTLS, loopback). */
+  readonly api: ApiServer;
+  /** A runner's SDK client of that API: no retries of its own (the caller retries, on any replica). */
+  readonly runner: RunnerClient;
   /** offsetMs: what this replica's clock reads more than the real one; jumpClock moves it. */
   readonly clock: { offsetMs: number };
   crashed: boolean;
@@ -67,7 +77,7 @@ export interface ClusterFleet {
   readonly replicas: Replica[];
   readonly agents: Map<string, ChildAgent>;
   startReplica(id: string): Promise<Replica>;
-  /** SIGKILL-like: drop the replica's NATS connection, then stop what is left of it. */
+  /** SIGKILL-like: drop the replica's API server and NATS connection, then stop what is left of it. */
   crashReplica(r: Replica): Promise<void>;
   /** The replica that holds the leader lease now (at most one by construction of the lease). */
   leader(): Replica | undefined;
@@ -110,16 +120,19 @@ export async function waitFor<T>(what: string, probe: () => Promise<T | undefine
 }
 
 export async function startClusterFleet(hostCount: number, overrides: Partial<ControlPlaneConfig> = {}): Promise<ClusterFleet> {
-  const [clusterR, hostsR] = await Promise.allSettled([startNatsCluster(), startDockerHosts(hostCount)]);
+  const [clusterR, hostsR, pkiR] = await Promise.allSettled([startNatsCluster(), startDockerHosts(hostCount), createTestPki()]);
   const abandon = async (err: unknown): Promise<never> => {
     if (clusterR.status === 'fulfilled') await clusterR.value.cleanup().catch(() => undefined);
     if (hostsR.status === 'fulfilled') await destroyAll(hostsR.value).catch(() => undefined);
+    if (pkiR.status === 'fulfilled') await pkiR.value.cleanup().catch(() => undefined);
     throw err;
   };
   if (clusterR.status === 'rejected') return abandon(clusterR.reason);
   if (hostsR.status === 'rejected') return abandon(hostsR.reason);
+  if (pkiR.status === 'rejected') return abandon(pkiR.reason);
   const cluster = clusterR.value;
   const hosts = hostsR.value;
+  const pki: TestPki = pkiR.value;
   let image: SandboxImage;
   let store: StateStore<ControlPlaneBuckets>;
   try {
@@ -154,16 +167,23 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       const metrics = new FleetMetrics();
       everyMetrics.push(metrics);
       const clock = { offsetMs: 0 };
-      const plane = new ControlPlane({ config, nc, store: rStore, chunks, metrics, logger: createLogger({ name: `cp-${id}`, level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA, replicaId: id, now: () => Date.now() + clock.offsetMs });
+      const logger = createLogger({ name: `cp-${id}`, level: process.env.CP_TEST_LOG ?? 'silent' });
+      const plane = new ControlPlane({ config, nc, store: rStore, chunks, metrics, logger, apiSha: API_SHA, replicaId: id, now: () => Date.now() + clock.offsetMs });
       await plane.start();
-      const r: Replica = { id, plane, nc, metrics, clock, crashed: false };
+      const api = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } }, logger });
+      const runner = new RunnerClient({ address: api.address, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key, serverName: 'localhost' }, retry: { maxRetries: 0 } });
+      const r: Replica = { id, plane, nc, metrics, api, runner, clock, crashed: false };
       replicas.push(r);
       return r;
     },
     async crashReplica(r) {
       r.crashed = true;
       replicas.splice(replicas.indexOf(r), 1);
+      // A dead pod answers nothing: its server goes first, so a call in flight fails UNAVAILABLE (it
+      // may or may not have been applied) and never gets an answer made from a closed connection.
+      await r.api.shutdown(0).catch(() => undefined);
       await r.nc.close().catch(() => undefined);
+      r.runner.close();
       await r.plane.stop().catch(() => undefined);
     },
     leader() {
@@ -230,7 +250,11 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       return out;
     },
     async cleanup() {
-      await Promise.allSettled(replicas.splice(0).map((r) => r.plane.stop()));
+      await Promise.allSettled(replicas.splice(0).map(async (r) => {
+        r.runner.close();
+        await r.api.shutdown(0);
+        await r.plane.stop();
+      }));
       for (const a of agents.values()) {
         a.kill('SIGCONT');
         a.kill('SIGKILL');
@@ -239,6 +263,7 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       await cluster.cleanup();
       await destroyAll(hosts);
       await rm(clockDir, { recursive: true, force: true });
+      await pki.cleanup();
     },
   };
   return fleet;
