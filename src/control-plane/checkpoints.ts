@@ -8,6 +8,7 @@ import type { CheckpointManifest as CoreManifest } from '../core/checkpoint-mani
 import type { CheckpointMemberSummary, CheckpointSummary } from '../core/index.ts';
 import type { CheckpointManifest as ProtoManifest } from '../gen/sandboxfleet/v1/agent.ts';
 import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
+import { translateReadError } from '../store/errors.ts';
 import { toWireManifest } from '../wire/checkpoint-manifest.ts';
 import type { CheckpointRecord } from './records.ts';
 
@@ -22,7 +23,7 @@ export async function readManifest(chunks: ChunkStore, hostId: string, groupId: 
     if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') return undefined;
     // A manifest that does not parse is as good as none, and must never be used.
     if (err instanceof Error && err.name === 'ManifestError') return undefined;
-    throw err;
+    throw translateReadError(err, `manifest ${hostId}/${groupId}/${checkpointId}`);
   }
 }
 
@@ -77,7 +78,7 @@ export async function verifyCheckpoint(chunks: ChunkStore, record: CheckpointRec
       }
       if (size !== m.layer.size || `sha256:${hash.digest('hex')}` !== m.layer.digest) digestVerified = false;
     } catch (err) {
-      if (!(err instanceof ChunkStoreError)) throw err;
+      if (!(err instanceof ChunkStoreError)) throw translateReadError(err, `chunks of ${record.groupId}/${record.checkpointId}`);
       blobPresent = err.reason !== 'chunk_missing';
       digestVerified = false;
     }

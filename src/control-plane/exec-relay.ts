@@ -403,7 +403,9 @@ export class ExecRelay {
     if (expected !== undefined) {
       // The container run the caller believes in, checked with the host before anything starts
       // (a heartbeat may be older than the restart, so only a fresh inventory can say "not that run").
-      const inv = await deps.agents.send(target, CommandIds.inventory(execId, deps.now()), { $case: 'inventory', value: { groupId: input.groupId } }, 'inventory', INVENTORY_TIMEOUT_MS);
+      const inv = await deps.agents.send(target, CommandIds.inventory(execId, deps.now()), { $case: 'inventory', value: { groupId: input.groupId } }, 'inventory', INVENTORY_TIMEOUT_MS).catch((err: unknown) => {
+        throw startRefusal(err, input, expected);
+      });
       const c = inv.containers.find((x) => x.groupId === input.groupId && x.memberId === input.memberId && x.placementGeneration === lc.generation);
       const now = c === undefined || c.state !== ContainerState.RUNNING ? '0' : String(c.startedAtUnixMs);
       if (now !== expected) throw staleIncarnation(now);

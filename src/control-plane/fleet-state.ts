@@ -22,7 +22,7 @@ import type { FleetMetrics } from '../observability/metrics.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { KvChange, KvRepository, Versioned } from '../store/kv-repository.ts';
 import { shardIndex } from '../store/sharded-kv-repository.ts';
-import { restorableFromCheckpoint, usableCheckpointTakenAt } from '../core/index.ts';
+import { restorableFromCheckpoint, Unavailable, usableCheckpointTakenAt } from '../core/index.ts';
 import { Keys } from './keys.ts';
 import type { CheckpointRecord, GroupRecord, HeartbeatRecord, HostRecord } from './records.ts';
 
@@ -33,10 +33,10 @@ const REVISION_CHECK_MS = 30_000;
 /** Default bound of sync(): a caller never waits forever on a watch that stopped. */
 export const DEFAULT_SYNC_TIMEOUT_MS = 30_000;
 
-/** sync() did not see the model catch up within its bound. */
-export class ReadModelBehindError extends Error {
+/** sync() did not see the model catch up within its bound (watches stall while NATS restarts): retry. */
+export class ReadModelBehindError extends Unavailable {
   constructor(readonly bucket: string, readonly timeoutMs: number) {
-    super(`read model of ${bucket} not caught up within ${timeoutMs} ms`);
+    super('store_unavailable', `read model of ${bucket} not caught up within ${timeoutMs} ms`, { details: { bucket, timeoutMs } });
     this.name = 'ReadModelBehindError';
   }
 }

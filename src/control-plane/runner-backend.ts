@@ -52,6 +52,7 @@
 import { createHash } from 'node:crypto';
 import {
   CLI_KINDS,
+  Fenced,
   IdentityRefused,
   InvalidArgument,
   NoCapacity,
@@ -112,6 +113,21 @@ function conversationLost(conversationId: string, groupId: string, state: string
 /** The agent refused a command for want of room (it did nothing). */
 function isCapacityRefusal(err: unknown): err is AgentCommandFailed {
   return err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity';
+}
+
+/**
+ * A host that failed a command a runner call needed (its engine down, a failure on the host, an
+ * answer fenced by a newer epoch): transient to the runner, who retries with the same key
+ * (UNAVAILABLE), never an internal error it would not retry. Refusals with a meaning of their own are
+ * mapped where they are handled (no_capacity at open, the slot reclaim), before this.
+ */
+function hostFailure(err: unknown): unknown {
+  // An answer from another epoch of the host (it registered again mid-call): the retry re-reads it.
+  if (err instanceof Fenced && err.reason !== 'stale_incarnation') {
+    return new Unavailable('host_unreachable', `the group's host changed during the call (${err.reason}); retry`, { cause: err, details: { agentReason: err.reason } });
+  }
+  if (!(err instanceof AgentCommandFailed)) return err;
+  return new Unavailable('host_unreachable', `the group's host could not carry out the call (${err.outcome}: ${err.reason}); retry`, { cause: err, details: { agentReason: err.reason } });
 }
 
 /** The `attempt`-th deterministic group id of a conversation opened (anew after `previous`). */
@@ -367,7 +383,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
           if (idle !== undefined && existing.value.idleStopAfterMs !== idle) await this.#setIdleStop(existing.value.groupId, idle);
           // (A conversation named its PENDING group before its containers existed in older releases.)
           if (existing.value.lifecycle.state === 'PENDING') await this.#finishOpening(existing.value).catch((err: unknown) => {
-            throw isCapacityRefusal(err) ? new NoCapacity('no_capacity', `host ${existing.value.lifecycle.hostId} has no room for the group now; try again later`, { details: { members: members.length } }) : err;
+            throw isCapacityRefusal(err) ? new NoCapacity('no_capacity', `host ${existing.value.lifecycle.hostId} has no room for the group now; try again later`, { details: { members: members.length } }) : hostFailure(err);
           });
           return { group: await this.#viewOf(existing.value.groupId), created: false };
         }
@@ -426,7 +442,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
               await this.#ops.deleteOn(lc.hostId, groupId, lc.generation, 'open_withdrawn');
               continue;
             }
-            if (!isCapacityRefusal(err)) throw err;
+            if (!isCapacityRefusal(err)) throw hostFailure(err);
             refusedBy.add(lc.hostId);
             // Withdrawn here, or moved past PENDING by a concurrent open (then claimed as it is).
             await this.#withdrawRefusedOpen(group, err.detail);
@@ -562,7 +578,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         // the stored calls, redo.
         this.#groups.drop(groupId);
         if (err instanceof NeedsFreshRead) continue;
-        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw err;
+        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw hostFailure(err);
       }
     }
   }
@@ -847,7 +863,7 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
       } catch (err) {
         this.#groups.drop(groupId);
         if (err instanceof NeedsFreshRead) continue;
-        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw err;
+        if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw hostFailure(err);
       }
     }
     return this.#protectAfterTurn(groupId, memberId, turnId, view);
@@ -974,7 +990,9 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     const grace = input.graceMs ?? this.ctx.config.stopGraceMs;
     if (!Number.isInteger(grace) || grace < 0 || grace > 600_000) throw new InvalidArgument('out_of_range', 'graceMs must be 0..600000', { details: { field: 'graceMs' } });
     return withIdempotency(this.ctx, 'stop', input.idempotencyKey, { groupId, grace }, async () => {
-      const g = await this.#ops.stop(groupId, grace, 'runner stop');
+      const g = await this.#ops.stop(groupId, grace, 'runner stop').catch((err: unknown) => {
+        throw hostFailure(err);
+      });
       // Nothing to stop cleanly or checkpoint: a refusal that says why (not OK with no outcome).
       if (isTerminal(g)) throw groupLostRefusal(g);
       let checkpointId: string | undefined;

@@ -368,8 +368,17 @@ export class HostAgent {
         }
         const task = handler.handleBytes(msg.data).then(
           (bytes) => {
-            if (msg.reply) msg.respond(bytes);
-            else this.log.warn('command without reply subject: result not sent');
+            if (!msg.reply) {
+              this.log.warn('command without reply subject: result not sent');
+              return;
+            }
+            // A connection closed or draining under a late result throws here: said, never an
+            // unhandled rejection (the control plane's request times out and is retried).
+            try {
+              msg.respond(bytes);
+            } catch (err) {
+              this.log.warn({ err }, 'command result not sent');
+            }
           },
           (e: unknown) => this.log.error({ err: e }, 'command handler crashed'),
         );

@@ -158,7 +158,7 @@ export class CheckpointOps {
     // Idempotent retry: the manifest is written last, so its presence means the checkpoint is complete.
     const existing = await store.getManifest(this.deps.hostId, cmd.groupId, cmd.checkpointId).catch((err: unknown) => {
       if (err instanceof ChunkStoreError && err.reason === 'manifest_missing') return undefined;
-      throw err;
+      throw failed('transfer_failed', `reading the existing manifest: ${(err as Error).message}`, err);
     });
     if (existing !== undefined) {
       if (existing.placementGeneration !== generation || existing.source.hostId !== this.deps.hostId) {

@@ -136,6 +136,17 @@ function isWrongLastSequence(err: unknown): boolean {
 
 /** JetStream API error code for "message size exceeds maximum allowed" (server NewJSStreamMessageExceedsMaximumError). */
 const MESSAGE_EXCEEDS_MAXIMUM = 10054;
+/**
+ * JSClusterNotAvailErr, "JetStream system temporarily unavailable": the stream (or the meta group)
+ * has no leader while a NATS node restarts or an election runs; JetStream API requests (a KV get is
+ * a STREAM.MSG.GET here) answer it at once.
+ */
+const CLUSTER_NOT_AVAILABLE = 10008;
+/**
+ * JSStreamDuplicateMessageConflict, "duplicate message id is in process": a publish with the same
+ * Nats-Msg-Id (an event append's retry) is proposed and not applied yet; it may still land.
+ */
+const DUPLICATE_IN_PROCESS = 10158;
 
 /**
  * nats.js turns a JetStream publish that no server answered (no responders: the stream has no
@@ -154,7 +165,9 @@ function isUnavailable(err: unknown): boolean {
     err instanceof ClosedConnectionError ||
     err instanceof DrainingConnectionError ||
     err instanceof ConnectionError ||
-    (err instanceof RequestError && (err.isNoResponders() || err.cause instanceof TimeoutError)) ||
+    // A request's RequestError caused by another RequestError: the connection was closed under it.
+    (err instanceof RequestError && (err.isNoResponders() || err.cause instanceof TimeoutError || err.cause instanceof RequestError)) ||
+    (err instanceof JetStreamApiError && (err.code === CLUSTER_NOT_AVAILABLE || err.code === DUPLICATE_IN_PROCESS)) ||
     isNoJetStreamResponder(err)
   );
 }

@@ -135,6 +135,27 @@ describe('restart durability', () => {
     expect((w as StoreUnavailableError).ambiguous).toBe(true);
   });
 
+  it('reports store_unavailable for a read in flight when its connection closes (a replica going down), never an unknown error', async () => {
+    nats = await startTestNats();
+    const nc = await nats.connect('closing');
+    const store = await StateStore.open(nc, { timeoutMs: 5000 });
+    const repo = store.shardedRepository('groups', Placement);
+    await repo.create('g', { groupId: 'g', hostId: 'h1', generation: 1 });
+    const pid = nats.server.pid as number;
+    // The server frozen, so the read is still waiting for its answer when the connection closes.
+    process.kill(pid, 'SIGSTOP');
+    try {
+      const pending = repo.get('g').catch((e: unknown) => e);
+      await new Promise((r) => setTimeout(r, 100));
+      await nc.close();
+      const r = await pending;
+      expect(r).toBeInstanceOf(StoreUnavailableError);
+      expect((r as StoreUnavailableError).ambiguous).toBe(false);
+    } finally {
+      process.kill(pid, 'SIGCONT');
+    }
+  });
+
   it('applies a configured fsync interval instead of always', async () => {
     nats = await startTestNats({ fsync: { intervalMs: 30_000 } });
     const cfg = await jsConfig(nats.server.monitorUrl as string);

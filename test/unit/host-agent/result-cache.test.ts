@@ -32,7 +32,9 @@ describe('which agent answers a repeat gets back (keepResult)', () => {
   const stop = cmd({ $case: 'stopGroup', value: { groupId: 'g', graceMs: 1000 } });
   const create = cmd({ $case: 'createGroup', value: { groupId: 'g', conversationId: 'c', members: [], imageRef: '', imageDigest: '' } });
 
-  it('keeps what was done or refused for good, and a failure of anything but a stop', () => {
+  const start = cmd({ $case: 'startGroup', value: { groupId: 'g', memberIds: [] } });
+
+  it('keeps what was done or refused for good, and a failure of anything but a stop or a start', () => {
     expect(keepResult(stop, result(CommandOutcome.OK))).toBe(true);
     expect(keepResult(create, result(CommandOutcome.REFUSED, 'stale_generation'))).toBe(true);
     expect(keepResult(create, result(CommandOutcome.FAILED, 'docker_engine_error'))).toBe(true);
@@ -42,5 +44,17 @@ describe('which agent answers a repeat gets back (keepResult)', () => {
     expect(keepResult(create, result(CommandOutcome.REFUSED, 'no_capacity'))).toBe(false);
     expect(keepResult(create, result(CommandOutcome.REFUSED, 'deadline_exceeded'))).toBe(false);
     expect(keepResult(stop, result(CommandOutcome.FAILED, 'stop_failed'))).toBe(false);
+  });
+
+  it('never keeps a failed start (its id moves only when a start succeeds, so every retry sends it again)', () => {
+    expect(keepResult(start, result(CommandOutcome.FAILED, 'docker_engine_unavailable'))).toBe(false);
+    expect(keepResult(start, result(CommandOutcome.OK))).toBe(true);
+    expect(keepResult(start, result(CommandOutcome.REFUSED, 'group_not_found'))).toBe(true);
+  });
+
+  it('never keeps a failed checkpoint (its id names the state it captures, so every retry sends it again)', () => {
+    const checkpoint = cmd({ $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'ck', activityVersion: 1, lastCompletedTurnId: '', members: [] } });
+    expect(keepResult(checkpoint, result(CommandOutcome.FAILED, 'transfer_failed'))).toBe(false);
+    expect(keepResult(checkpoint, result(CommandOutcome.REFUSED, 'session_files_missing'))).toBe(true);
   });
 });
