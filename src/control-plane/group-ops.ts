@@ -155,7 +155,10 @@ export class GroupOps {
       // The host answered: this command will do nothing more, so the intent ends now (a timeout
       // proves nothing: the intent then runs out by itself).
       if (err instanceof AgentCommandFailed) await this.#endStartIntent(groupId, g, untilMs);
-      if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
+      // The host's own listing has no container for the group, or for one of its members, at this
+      // placement: a stopped group is then restored from its checkpoint (or LOST container_missing),
+      // never retried here forever.
+      if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && (err.reason === 'group_not_found' || err.reason === 'member_not_found')) await this.#containersGone(g);
       throw err;
     }
     const started = await this.transition(groupId, { type: 'started' }, 'containers started', samePlacement,

@@ -121,12 +121,15 @@ function isCapacityRefusal(err: unknown): err is AgentCommandFailed {
  * (UNAVAILABLE), never an internal error it would not retry. Refusals with a meaning of their own are
  * mapped where they are handled (no_capacity at open, the slot reclaim), before this.
  */
+/** Agent answers that say the command itself was wrong (a contract bug): no retry can cure them. */
+const CONTRACT_REFUSALS: ReadonlySet<string> = new Set(['invalid_argument', 'malformed', 'too_large', 'wrong_host', 'unexpected_result']);
+
 function hostFailure(err: unknown): unknown {
   // An answer from another epoch of the host (it registered again mid-call): the retry re-reads it.
   if (err instanceof Fenced && err.reason !== 'stale_incarnation') {
     return new Unavailable('host_unreachable', `the group's host changed during the call (${err.reason}); retry`, { cause: err, details: { agentReason: err.reason } });
   }
-  if (!(err instanceof AgentCommandFailed)) return err;
+  if (!(err instanceof AgentCommandFailed) || CONTRACT_REFUSALS.has(err.reason)) return err;
   return new Unavailable('host_unreachable', `the group's host could not carry out the call (${err.outcome}: ${err.reason}); retry`, { cause: err, details: { agentReason: err.reason } });
 }
 

@@ -57,14 +57,17 @@ function groupIdOf(cmd: AgentCommand): string | undefined {
 const MOMENTARY_REFUSALS: ReadonlySet<string> = new Set<AgentRefusalReason>(['no_capacity', 'deadline_exceeded']);
 
 /** Commands whose FAILED result is not kept: safe to run again, and retried with the same id. */
-const RERUN_AFTER_FAILURE: ReadonlySet<string> = new Set(['stopGroup', 'startGroup', 'checkpoint']);
+const RERUN_AFTER_FAILURE: ReadonlySet<string> = new Set(['createGroup', 'stopGroup', 'startGroup', 'checkpoint']);
+/** FAILED reasons that running again cannot change (the frozen layer breaks a rule): kept, not recaptured. */
+const PERMANENT_FAILURES: ReadonlySet<string> = new Set<AgentRefusalReason>(['layer_refused']);
 
 /**
  * Whether a repeat of `cmd` gets `result` back instead of running again. Not kept: a momentary
- * refusal, and a FAILED stop, start or checkpoint. Each is safe to run again: a container the
- * failed stop stopped is found stopped, reported so and never claimed clean (R-G2); a start starts
- * what does not run and leaves what runs; a checkpoint whose manifest (written last) exists answers
- * it, and chunks are write-once. Each is retried with the same command id: the control plane
+ * refusal, and a FAILED create, stop, start or checkpoint (unless it failed for good). Each is safe
+ * to run again: a create adopts a container of the same name and identity; a container the failed
+ * stop stopped is found stopped, reported so and never claimed clean (R-G2); a start starts what
+ * does not run and leaves what runs; a checkpoint whose manifest (written last) exists answers it,
+ * and chunks are write-once. Each is retried with the same command id: the control plane
  * finishes a stop left STOPPING with it, a start's id moves only when a start succeeds, and a
  * checkpoint's id names the state it captures. A cached failure would keep the group STOPPING (chaos
  * seed 4108), never let it start on this host again after an engine that failed the start came
@@ -73,7 +76,7 @@ const RERUN_AFTER_FAILURE: ReadonlySet<string> = new Set(['stopGroup', 'startGro
  */
 export function keepResult(cmd: AgentCommand, result: AgentCommandResult): boolean {
   if (result.outcome === CommandOutcome.REFUSED) return !MOMENTARY_REFUSALS.has(result.reason);
-  if (result.outcome === CommandOutcome.FAILED) return !RERUN_AFTER_FAILURE.has(cmd.command?.$case ?? '');
+  if (result.outcome === CommandOutcome.FAILED) return !RERUN_AFTER_FAILURE.has(cmd.command?.$case ?? '') || PERMANENT_FAILURES.has(result.reason);
   return true;
 }
 

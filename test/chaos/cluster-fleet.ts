@@ -170,8 +170,18 @@ export async function startClusterFleet(hostCount: number, overrides: Partial<Co
       const logger = createLogger({ name: `cp-${id}`, level: process.env.CP_TEST_LOG ?? 'silent' });
       const plane = new ControlPlane({ config, nc, store: rStore, chunks, metrics, logger, apiSha: API_SHA, replicaId: id, now: () => Date.now() + clock.offsetMs });
       await plane.start();
-      const api = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } }, logger });
-      const runner = new RunnerClient({ address: api.address, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key, serverName: 'localhost' }, retry: { maxRetries: 0 } });
+      let api: ApiServer | undefined;
+      let runner: RunnerClient;
+      try {
+        api = await ApiServer.start({ runner: plane.runner, address: '127.0.0.1:0', security: { mode: 'mtls', mtls: { ca: pki.ca, cert: pki.server.cert, key: pki.server.key } }, logger });
+        runner = new RunnerClient({ address: api.address, tls: { ca: pki.ca, cert: pki.runner.cert, key: pki.runner.key, serverName: 'localhost' }, retry: { maxRetries: 0 } });
+      } catch (err) {
+        // Not a replica without its API: nothing of it may stay behind (it would compete for the lease).
+        await api?.shutdown(0).catch(() => undefined);
+        await nc.close().catch(() => undefined);
+        await plane.stop().catch(() => undefined);
+        throw err;
+      }
       const r: Replica = { id, plane, nc, metrics, api, runner, clock, crashed: false };
       replicas.push(r);
       return r;

@@ -50,4 +50,14 @@ describe("a host that fails the command a runner call needs", () => {
     expect(begun.turnId).toMatch(/^t-/);
     expect((await fleet.group(group.groupId)).lifecycle.state).toBe('RUNNING');
   }, 180_000);
+
+  it('OpenGroup while the engine is down: UNAVAILABLE host_unreachable, and the same key opens the group once it is back (the failed create is not answered again from the agent\'s cache)', async () => {
+    await fleet.hosts[0]!.stop();
+    const refused = await refusal(plane.runner.openGroup({ idempotencyKey: 'open-2', conversationId: 'conv-2', members: pi }));
+    expect(refused).toMatchObject({ status: 'UNAVAILABLE', reason: 'host_unreachable' });
+
+    await fleet.hosts[0]!.restart();
+    const opened = await fleet.waitFor('the retried open', async () => plane.runner.openGroup({ idempotencyKey: 'open-2', conversationId: 'conv-2', members: pi }), 60_000);
+    expect((await fleet.group(opened.group.groupId)).lifecycle.state).toBe('RUNNING');
+  }, 180_000);
 });

@@ -34,10 +34,11 @@ describe('which agent answers a repeat gets back (keepResult)', () => {
 
   const start = cmd({ $case: 'startGroup', value: { groupId: 'g', memberIds: [] } });
 
-  it('keeps what was done or refused for good, and a failure of anything but a stop or a start', () => {
+  it('keeps what was done or refused for good, and a failure of a command not safe to run again', () => {
     expect(keepResult(stop, result(CommandOutcome.OK))).toBe(true);
     expect(keepResult(create, result(CommandOutcome.REFUSED, 'stale_generation'))).toBe(true);
-    expect(keepResult(create, result(CommandOutcome.FAILED, 'docker_engine_error'))).toBe(true);
+    const restore = AgentCommand.fromPartial({ commandId: 'c', command: { $case: 'restore', value: { groupId: 'g' } } });
+    expect(keepResult(restore, result(CommandOutcome.FAILED, 'restore_failed'))).toBe(true);
   });
 
   it('never keeps a momentary refusal, nor a failed stop (the control plane finishes a stop with the same id)', () => {
@@ -56,5 +57,11 @@ describe('which agent answers a repeat gets back (keepResult)', () => {
     const checkpoint = cmd({ $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'ck', activityVersion: 1, lastCompletedTurnId: '', members: [] } });
     expect(keepResult(checkpoint, result(CommandOutcome.FAILED, 'transfer_failed'))).toBe(false);
     expect(keepResult(checkpoint, result(CommandOutcome.REFUSED, 'session_files_missing'))).toBe(true);
+    // A layer that breaks a rule breaks it again: kept, not captured and published again per retry.
+    expect(keepResult(checkpoint, result(CommandOutcome.FAILED, 'layer_refused'))).toBe(true);
+  });
+
+  it('never keeps a failed create (a retry adopts what it made: same name, same identity)', () => {
+    expect(keepResult(create, result(CommandOutcome.FAILED, 'docker_engine_unavailable'))).toBe(false);
   });
 });
