@@ -115,15 +115,15 @@ function isCapacityRefusal(err: unknown): err is AgentCommandFailed {
   return err instanceof AgentCommandFailed && err.outcome === 'refused' && err.reason === 'no_capacity';
 }
 
+/** Agent answers that say the command itself was wrong (a contract bug): no retry can cure them. */
+const CONTRACT_REFUSALS: ReadonlySet<string> = new Set(['invalid_argument', 'malformed', 'too_large', 'wrong_host', 'unexpected_result']);
+
 /**
  * A host that failed a command a runner call needed (its engine down, a failure on the host, an
  * answer fenced by a newer epoch): transient to the runner, who retries with the same key
  * (UNAVAILABLE), never an internal error it would not retry. Refusals with a meaning of their own are
  * mapped where they are handled (no_capacity at open, the slot reclaim), before this.
  */
-/** Agent answers that say the command itself was wrong (a contract bug): no retry can cure them. */
-const CONTRACT_REFUSALS: ReadonlySet<string> = new Set(['invalid_argument', 'malformed', 'too_large', 'wrong_host', 'unexpected_result']);
-
 function hostFailure(err: unknown): unknown {
   // An answer from another epoch of the host (it registered again mid-call): the retry re-reads it.
   if (err instanceof Fenced && err.reason !== 'stale_incarnation') {
