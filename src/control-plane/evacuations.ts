@@ -21,9 +21,19 @@ export interface ImmediateLoss {
   readonly why: string;
 }
 
-/** Mark `groupId` (still on `sourceHostId`) for evacuation; true when this call marked it. */
-export async function markEvacuation(ctx: Pick<ControlPlaneDeps, 'groups' | 'config' | 'now'>, groupId: string, kind: Evacuation['kind'], source: RemovalSource, sourceHostId: string): Promise<boolean> {
-  return (await markEvacuationRecord(ctx, groupId, kind, source, sourceHostId)) !== undefined;
+/**
+ * Where the group must still be for the mark to be written: on `hostId`, and, when the caller's
+ * proof is about one placement (a host's listing at that generation), at `generation` — a group
+ * that moved since (even back to the same host) is not marked on stale evidence.
+ */
+export interface EvacuationFrom {
+  readonly hostId: string;
+  readonly generation?: number;
+}
+
+/** Mark `groupId` (still where `from` says) for evacuation; true when this call marked it. */
+export async function markEvacuation(ctx: Pick<ControlPlaneDeps, 'groups' | 'config' | 'now'>, groupId: string, kind: Evacuation['kind'], source: RemovalSource, from: EvacuationFrom): Promise<boolean> {
+  return (await markEvacuationRecord(ctx, groupId, kind, source, from)) !== undefined;
 }
 
 /**
@@ -37,12 +47,14 @@ export async function markEvacuationRecord(
   groupId: string,
   kind: Evacuation['kind'],
   source: RemovalSource,
-  sourceHostId: string,
+  from: EvacuationFrom,
   lossOf?: (marked: GroupRecord) => ImmediateLoss | undefined,
 ): Promise<Versioned<GroupRecord> | undefined> {
   const now = ctx.now();
+  const sourceHostId = from.hostId;
   const { after } = await ctx.groups.transact(groupId, (g) => {
     if (g === undefined || isTerminal(g) || g.lifecycle.hostId !== sourceHostId) return undefined;
+    if (from.generation !== undefined && g.lifecycle.generation !== from.generation) return undefined;
     if (g.evacuation?.kind === 'unplanned' || g.evacuation?.kind === kind) return undefined;
     const evacuation: Evacuation = {
       kind,

@@ -158,7 +158,7 @@ export class GroupOps {
       // The host's own listing has no container for the group, or for one of its members, at this
       // placement: a stopped group is then restored from its checkpoint (or LOST container_missing),
       // never retried here forever.
-      if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && (err.reason === 'group_not_found' || err.reason === 'member_not_found')) await this.#containersGone(g);
+      if (g.lifecycle.state === 'STOPPED' && err instanceof AgentCommandFailed && (err.reason === 'group_not_found' || err.reason === 'member_not_found')) await this.containersGone(g);
       throw err;
     }
     const started = await this.transition(groupId, { type: 'started' }, 'containers started', samePlacement,
@@ -208,7 +208,7 @@ export class GroupOps {
     try {
       res = await this.ctx.agents.send(target, CommandIds.stop(groupId, g.lifecycle.generation, g.stops), { $case: 'stopGroup', value: { groupId, graceMs } }, 'stopGroup');
     } catch (err) {
-      if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
+      if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.containersGone(g);
       throw err;
     }
     return this.#applyVerdict(groupId, g, res.evidence, graceMs);
@@ -329,7 +329,7 @@ export class GroupOps {
       }, 'checkpoint');
     } catch (err) {
       // The host has none of the group's containers any more (e.g. found by a refresh): recover it.
-      if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.#containersGone(g);
+      if (err instanceof AgentCommandFailed && err.reason === 'group_not_found') await this.containersGone(g);
       // A repeat after the manifest was written (e.g. the agent restarted) finds it already there.
       if (!(err instanceof AgentCommandFailed && err.reason === 'manifest_exists')) throw err;
     }
@@ -347,7 +347,8 @@ export class GroupOps {
   }
 
   /**
-   * The host answered that it has no container of this group at its generation: the group's
+   * The host answered that it has no container of this group at its generation (a command's
+   * `group_not_found`, or a begin's fresh inventory listing none of them): the group's
    * writable layers are gone from it (its Docker data dir was replaced, the containers were removed
    * by hand), while the host itself is fine. That is R-G6's lost Docker data for one group: it is
    * marked for an unplanned evacuation, which restores a cleanly STOPPED group from its checkpoint
@@ -355,9 +356,9 @@ export class GroupOps {
    * running or stopping group: `host_lost_running`). The caller is told to retry, and its retry
    * finds the group moving, then restored (or LOST).
    */
-  async #containersGone(g: GroupRecord): Promise<never> {
+  async containersGone(g: GroupRecord): Promise<never> {
     const lc = g.lifecycle;
-    const marked = await markEvacuation(this.ctx, g.groupId, 'unplanned', 'docker_data_lost', lc.hostId);
+    const marked = await markEvacuation(this.ctx, g.groupId, 'unplanned', 'docker_data_lost', { hostId: lc.hostId, generation: lc.generation });
     this.ctx.logger.warn({ groupId: g.groupId, hostId: lc.hostId, generation: lc.generation, state: lc.state, marked }, 'host has none of the group\'s containers: evacuating it as lost Docker data');
     throw new Unavailable('container_missing', `the containers of group ${g.groupId} are gone from ${lc.hostId}; it is being recovered from its checkpoint if it has a usable one, retry shortly`, { details: { groupId: g.groupId, hostId: lc.hostId } });
   }

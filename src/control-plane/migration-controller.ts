@@ -102,7 +102,7 @@ export class MigrationController {
       const host = this.ctx.fleet.host(Keys.host(g.lifecycle.hostId))?.value;
       const wanted = evacuationFor(host);
       if (wanted !== undefined && g.evacuation?.kind !== wanted.kind && g.evacuation?.kind !== 'unplanned') {
-        const marked = await markEvacuationRecord(this.ctx, groupId, wanted.kind, wanted.source, g.lifecycle.hostId,
+        const marked = await markEvacuationRecord(this.ctx, groupId, wanted.kind, wanted.source, { hostId: g.lifecycle.hostId },
           wanted.kind === 'unplanned' ? (m) => this.#immediateLoss(m) : undefined);
         if (marked !== undefined && marked.value.lifecycle.state === 'LOST') {
           // Marked and declared LOST in one write (#immediateLoss): what #lose counts.
@@ -287,7 +287,7 @@ export class MigrationController {
     const host = this.ctx.fleet.host(Keys.host(cached.lifecycle.hostId))?.value;
     const wanted = evacuationFor(host);
     if (wanted !== undefined && !isTerminal(cached) && cached.evacuation?.kind !== wanted.kind && cached.evacuation?.kind !== 'unplanned') {
-      await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, cached.lifecycle.hostId);
+      await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, { hostId: cached.lifecycle.hostId });
     }
     this.#inProgress.add(groupId);
     try {

@@ -679,6 +679,12 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     this.#agentBegins += 1;
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
     const inventory = await this.ctx.agents.send(target, CommandIds.inventory(turnId, this.ctx.now()), { $case: 'inventory', value: { groupId } }, 'inventory', INVENTORY_TIMEOUT_MS);
+    // The host lists none of the group's containers at its placement (its engine came back on an
+    // empty data root, or they were removed by hand): the group's layers are gone from it, as when a
+    // start or stop finds `group_not_found`. The whole group is recovered (restored from a checkpoint
+    // if it was stopped cleanly, LOST host_lost_running otherwise) rather than this member alone
+    // marked LOST in a group that would stay RUNNING with nothing behind it.
+    if (!inventory.containers.some((x) => x.groupId === groupId && x.placementGeneration === g.lifecycle.generation)) await this.#ops.containersGone(g);
     const c = inventory.containers.find((x) => x.groupId === groupId && x.memberId === memberId && x.placementGeneration === g.lifecycle.generation);
     const present = c !== undefined && c.state !== ContainerState.REMOVING && c.state !== ContainerState.DEAD;
     const running: ProcessIdentity | undefined = c !== undefined && c.state === ContainerState.RUNNING ? { containerId: c.containerId, incarnation: String(c.startedAtUnixMs) } : undefined;

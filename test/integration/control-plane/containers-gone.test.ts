@@ -6,7 +6,7 @@
 // recovered from its checkpoint, and its retry is RESTORED with its locator. Without a usable
 // checkpoint the group is LOST with the reason, and the turn refused context_lost. A running group
 // whose containers are gone is LOST host_lost_running when stopped (a drain would otherwise retry
-// its stop forever).
+// its stop forever) or at its next begin (it would otherwise stay RUNNING with its member LOST).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { CheckpointRecordSchema } from '../../../src/control-plane/records.ts';
@@ -89,6 +89,33 @@ describe('a stopped group whose containers are gone from a live host', () => {
       return x.lifecycle.state === 'LOST' ? x.lifecycle.lostReason : undefined;
     }, 60_000);
     expect(lost).toBe('host_lost_running');
+  });
+
+  it('a running group whose containers are gone is LOST host_lost_running at its next begin, not left RUNNING with its member LOST', async () => {
+    // The chaos soak's seed 7154: a host's engine came back on an empty data root while a group ran
+    // on it. The begin's fresh inventory lists nothing of the group; before, only the member was
+    // marked LOST container_missing and the group stayed RUNNING on containers that do not exist.
+    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-gone-begin', members: [{ memberId: 'm1', cli: 'claude_code' }] });
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1' });
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId: group.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-gone-4', evidence: SUCCESS });
+    expect((await fleet.group(group.groupId)).lifecycle.state).toBe('RUNNING');
+    await removeContainers(group.groupId);
+    // A heartbeat after the removal, so the begin cannot be decided from evidence older than it.
+    await fleet.waitFor('a heartbeat without the group', async () => {
+      const hb = plane.fleet.heartbeat(begun.hostId);
+      return hb !== undefined && !hb.containers.some((c) => c.groupId === group.groupId) ? true : undefined;
+    });
+
+    expect(await beginOutcome(group.groupId)).toMatchObject({ ok: false, error: { status: 'UNAVAILABLE', reason: 'container_missing' } });
+    const lost = await fleet.waitFor('group LOST', async () => {
+      const x = await fleet.group(group.groupId);
+      return x.lifecycle.state === 'LOST' ? x.lifecycle.lostReason : undefined;
+    }, 60_000);
+    expect(lost).toBe('host_lost_running');
+    expect(await beginOutcome(group.groupId)).toMatchObject({ ok: false, error: { reason: 'context_lost' } });
+    const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: group.groupId, limit: 100 });
+    expect(events.find((e) => e.event.type === 'evacuation_started')?.event.reason).toBe('docker_data_lost');
+    expect(events.some((e) => e.event.toState === 'LOST' && e.event.reason === 'host_lost_running')).toBe(true);
   });
 
   it('without a usable checkpoint is LOST with the reason, and its turn is refused context_lost', async () => {

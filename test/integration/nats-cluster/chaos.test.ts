@@ -18,9 +18,12 @@ import { FAULT_KINDS, planSchedule, readyFleet, runSchedule } from '../../chaos/
  * (nats_freeze, agent_freeze) once left a group running on the host it had moved off
  * (source-back-during-move.test.ts is its deterministic form); 4108 (nats_freeze, nats_kill, a host
  * agent's clock stepped) once left a group STOPPING: a stop across the clock step failed and the
- * failure was cached (runtime.test.ts's clock-step stop is its deterministic form).
+ * failure was cached (runtime.test.ts's clock-step stop is its deterministic form); 7154 (nats_kill,
+ * dockerd_kill: a host's engine back on an empty data root within a second) once left a running
+ * group RUNNING with its member LOST container_missing (containers-gone.test.ts's "at its next
+ * begin" is its deterministic form).
  */
-const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,5,81,83,2025,4108').split(',').map(Number);
+const SEEDS = (process.env.SF_CHAOS_SEEDS ?? '2,5,81,83,2025,4108,7154').split(',').map(Number);
 const DURATION_MS = 15_000;
 
 let fleet: ClusterFleet;
