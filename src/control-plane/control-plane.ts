@@ -178,15 +178,17 @@ export class ControlPlane {
       logger.warn({ key, queue, ...describeError(err) }, 'reconcile failed; retried with backoff');
     };
     this.#hostQueue = new KeyedQueue(async (hostId) => {
-      // A run that starts after the lease stopped being trusted does nothing (the queue is stopping).
-      if (!this.#leaseTrusted()) return {};
+      // A run that starts while the lease is not trusted does nothing now and looks again later: a
+      // renewal may land before the lease timer ends leadership, and then no re-enqueue of every key
+      // follows (a real loss stops the queue, which drops the retry).
+      if (!this.#leaseTrusted()) return { requeueAfterMs: opts.config.reconcileIntervalMs };
       opts.metrics.reconciles.inc({ queue: 'hosts', result: 'ok' });
       const next = await this.liveness.reconcileHost(hostId);
       await this.controller.reconcileDrainingHost(hostId);
       return next;
     }, { concurrency: 8, onError: onError('hosts'), now });
     this.#groupQueue = new KeyedQueue(async (groupId) => {
-      if (!this.#leaseTrusted()) return {};
+      if (!this.#leaseTrusted()) return { requeueAfterMs: opts.config.reconcileIntervalMs };
       opts.metrics.reconciles.inc({ queue: 'groups', result: 'ok' });
       return this.controller.reconcileGroup(groupId);
     }, { concurrency: groupWorkers(opts.config.migrationParallelism), onError: onError('groups'), now });

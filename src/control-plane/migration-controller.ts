@@ -90,11 +90,25 @@ export class MigrationController {
    * Reconcile one group: mark it for evacuation when its host is going away, then advance a marked
    * or migrating group as far as it goes now. `requeueAfterMs` when it is waiting (a turn in flight,
    * no eligible host yet, a failed step): look again then. Safe to run repeatedly and from a fresh
-   * leader; a group already being advanced by this replica is left to that run.
+   * leader. A group another pass of this replica is advancing (the spot evacuator's save) is looked
+   * at again shortly rather than dropped: that pass's last write may already have been heard, so no
+   * later change would bring the key back before the slow resync (a spot-noticed group once waited
+   * minutes at "planned, 0 attempts" so). The hold is taken before the first await, so two passes
+   * never advance one group at once.
    */
   async reconcileGroup(groupId: string): Promise<ReconcileResult> {
     const cached = this.ctx.fleet.group(Keys.group(groupId))?.value;
-    if (cached === undefined || this.#inProgress.has(groupId)) return {};
+    if (cached === undefined) return {};
+    if (this.#inProgress.has(groupId)) return { requeueAfterMs: this.ctx.config.reconcileIntervalMs };
+    this.#inProgress.add(groupId);
+    try {
+      return await this.#reconcileHeld(groupId, cached);
+    } finally {
+      this.#inProgress.delete(groupId);
+    }
+  }
+
+  async #reconcileHeld(groupId: string, cached: GroupRecord): Promise<ReconcileResult> {
     let g: GroupRecord = cached;
     /** The record as just read from or written to the store: the first step decides on it. */
     let known: Versioned<GroupRecord> | undefined;
@@ -115,7 +129,6 @@ export class MigrationController {
       }
     }
     if (g.evacuation === undefined && g.lifecycle.state !== 'MIGRATING') return {};
-    this.#inProgress.add(groupId);
     try {
       for (let i = 0; i < 16; i++) {
         const r = await this.step(groupId, i === 0 ? known : undefined);
@@ -126,8 +139,6 @@ export class MigrationController {
     } catch (err) {
       this.ctx.logger.warn({ groupId, ...describeError(err) }, 'migration step failed; retried');
       return { requeueAfterMs: this.ctx.config.reconcileIntervalMs };
-    } finally {
-      this.#inProgress.delete(groupId);
     }
   }
 
@@ -284,13 +295,14 @@ export class MigrationController {
     if (this.#inProgress.has(groupId)) return 'busy';
     const cached = this.ctx.fleet.group(Keys.group(groupId))?.value;
     if (cached === undefined) return 'none';
-    const host = this.ctx.fleet.host(Keys.host(cached.lifecycle.hostId))?.value;
-    const wanted = evacuationFor(host);
-    if (wanted !== undefined && !isTerminal(cached) && cached.evacuation?.kind !== wanted.kind && cached.evacuation?.kind !== 'unplanned') {
-      await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, { hostId: cached.lifecycle.hostId });
-    }
+    // Held from before the first await (see reconcileGroup): the groups queue looks again later.
     this.#inProgress.add(groupId);
     try {
+      const host = this.ctx.fleet.host(Keys.host(cached.lifecycle.hostId))?.value;
+      const wanted = evacuationFor(host);
+      if (wanted !== undefined && !isTerminal(cached) && cached.evacuation?.kind !== wanted.kind && cached.evacuation?.kind !== 'unplanned') {
+        await markEvacuation(this.ctx, groupId, wanted.kind, wanted.source, { hostId: cached.lifecycle.hostId });
+      }
       for (let i = 0; i < 8; i++) {
         const g = (await this.ctx.groups.get(groupId))?.value;
         if (g === undefined) return 'none';
