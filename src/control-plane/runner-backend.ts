@@ -679,14 +679,21 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
     this.#agentBegins += 1;
     const target = await this.#ops.target(g.lifecycle.hostId, g.lifecycle.generation);
     const inventory = await this.ctx.agents.send(target, CommandIds.inventory(turnId, this.ctx.now()), { $case: 'inventory', value: { groupId } }, 'inventory', INVENTORY_TIMEOUT_MS);
-    // The host lists none of the group's containers at its placement (its engine came back on an
-    // empty data root, or they were removed by hand): the group's layers are gone from it, as when a
-    // start or stop finds `group_not_found`. The whole group is recovered (restored from a checkpoint
-    // if it was stopped cleanly, LOST host_lost_running otherwise) rather than this member alone
-    // marked LOST in a group that would stay RUNNING with nothing behind it.
-    if (!inventory.containers.some((x) => x.groupId === groupId && x.placementGeneration === g.lifecycle.generation)) await this.#ops.containersGone(g);
+    const usable = (x: (typeof inventory.containers)[number]): boolean => x.groupId === groupId && x.placementGeneration === g.lifecycle.generation && x.state !== ContainerState.REMOVING && x.state !== ContainerState.DEAD;
+    if (!inventory.containers.some(usable)) {
+      // The host lists no usable container of the group at its placement (its engine came back on
+      // an empty data root, they were removed by hand, or only dead ones are left): the group's
+      // layers are gone from it, as when a start or stop finds `group_not_found`. The running group
+      // is then recovered as a whole (LOST host_lost_running, with its event and metric) rather than
+      // this member alone marked LOST in a group that would stay RUNNING with nothing behind it.
+      // Unless the group moved since our read (a stop, a drain): then the listing is of a placement
+      // that is no longer the group's, and the begin decides again from a fresh read.
+      const now = (await this.#ops.get(groupId)).value.lifecycle;
+      if (now.hostId !== g.lifecycle.hostId || now.generation !== g.lifecycle.generation || now.state !== g.lifecycle.state) throw new CasConflictError(this.ctx.groups.bucket, Keys.group(groupId), gv.revision);
+      await this.#ops.containersGone(g);
+    }
     const c = inventory.containers.find((x) => x.groupId === groupId && x.memberId === memberId && x.placementGeneration === g.lifecycle.generation);
-    const present = c !== undefined && c.state !== ContainerState.REMOVING && c.state !== ContainerState.DEAD;
+    const present = c !== undefined && usable(c);
     const running: ProcessIdentity | undefined = c !== undefined && c.state === ContainerState.RUNNING ? { containerId: c.containerId, incarnation: String(c.startedAtUnixMs) } : undefined;
     // The turn processes this driver could reuse: for RunTurn, the member's idle ones in that very
     // container run started with the same command; for a runner's own begin, none.

@@ -39,9 +39,12 @@ async function stoppedGroup(conversationId: string, locator: string): Promise<st
   return group.groupId;
 }
 
+/** The engine of each host the agents run as (startAgentOn above and in the first test). */
+const HOST_INDEX: Record<string, number> = { 'host-a': 0, 'host-b': 1 };
+
 /** What a fresh Docker data root does to a group: its containers (and writable layers) are gone. */
 async function removeContainers(groupId: string): Promise<void> {
-  const docker = fleet.hosts[0]!.docker;
+  const docker = fleet.hosts[HOST_INDEX[(await fleet.group(groupId)).lifecycle.hostId]!]!.docker;
   const list = await docker.listContainers({ all: true, filters: { label: [`sandboxfleet.group=${groupId}`] } });
   expect(list.length).toBeGreaterThan(0);
   for (const c of list) await docker.getContainer(c.Id).remove({ force: true });

@@ -7,6 +7,7 @@
 // its restore (bench/survival's spot part: one of 100 groups restored after 553 s).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { GroupRecordSchema } from '../../../src/control-plane/records.ts';
 import { Keys } from '../../../src/control-plane/state.ts';
 import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
 
@@ -18,7 +19,8 @@ const key = () => `ssh-${++n}`;
 let atCheckpointed: ((groupId: string) => Promise<void>) | undefined;
 
 beforeAll(async () => {
-  fleet = await startFleet(1);
+  // A long evacuation deadline: the group must still be waiting for a target at the end, not LOST.
+  fleet = await startFleet(1, { evacuationDeadlineMs: 300_000 });
   plane = await fleet.startPlane({
     autoReconcile: false,
     stepHook: async (step, groupId) => {
@@ -61,8 +63,14 @@ describe('a group the spot evacuator is saving', () => {
     // read model: the change that would have queued the key has come and gone.
     await fleet.waitFor('the read model shows the checkpoint', async () => (plane.fleet.group(Keys.group(groupId))?.value.latestCheckpointId !== undefined ? true : undefined));
 
+    const before = await fleet.store.shardedRepository('groups', GroupRecordSchema).get(Keys.group(groupId));
+    let saved = false;
+    void saving.then(() => { saved = true; });
     const whileHeld = await plane.controller.reconcileGroup(groupId);
     expect(whileHeld.requeueAfterMs).toBeGreaterThan(0);
+    // It was held, not merely waiting for a target: the save is still paused and nothing was written.
+    expect(saved).toBe(false);
+    expect((await fleet.store.shardedRepository('groups', GroupRecordSchema).get(Keys.group(groupId)))?.revision).toBe(before?.revision);
 
     release();
     expect(await saving).toBe('saved');
