@@ -36,6 +36,7 @@ import { Heartbeater, type NoticeReport } from './heartbeat.ts';
 import { HostHealth } from './host-health.ts';
 import { AgentMetrics } from './metrics.ts';
 import { register } from './registration.ts';
+import { startSmallProcessHelper } from './layer/small-process.ts';
 
 export type AgentState = 'NEW' | 'REGISTERING' | 'RUNNING' | 'STOPPING' | 'STOPPED';
 
@@ -113,6 +114,8 @@ export class HostAgent {
     if (this.stateValue !== 'NEW') throw new HostAgentError('invalid_state', `start() in state ${this.stateValue}`);
     const { config, runtime, nc } = this.deps;
     this.stateValue = 'REGISTERING';
+    // Now, while this process is small: its later tar runs fork the helper, not this process.
+    startSmallProcessHelper();
     // Throwaway containers of a crashed predecessor (attestation probes) are ours to sweep.
     await runtime.removeOneshots();
     this.attested = await attest(runtime, config.imageRef, config.agentSha, this.nowMs);

@@ -22,7 +22,7 @@ import { DEFAULT_LAYER_LIMITS, LayerValidator, normalizeEntryPath, type LayerLim
 import { ChunkStoreError, DEFAULT_WRITE_IN_FLIGHT, type ChunkStore, type WriterStats } from '../../store/chunk-store.ts';
 import { WorkerChunkWriter } from '../../store/chunk-publish-worker.ts';
 import type { WorkerConnection } from '../../store/nats-auth.ts';
-import { OverlayToOci, headerOnly, runTar, type CaptureEvent, type CapturedEntry } from './capture.ts';
+import { OverlayToOci, headerOnly, runTar, smallTarRun, tarOutputBound, type CaptureEvent, type CapturedEntry, type TarRun } from './capture.ts';
 import { CAPTURE_INDEX_VERSION, type CaptureIndex, type IndexEntry } from './capture-index.ts';
 import { LayerTransferError } from './errors.ts';
 import { DEFAULT_CHUNKER_OPTIONS, FastCdcChunker, type ChunkerOptions } from './fastcdc.ts';
@@ -339,7 +339,15 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
   }
   const names = toRead.map((w) => tarName(w.key));
   if (shared !== undefined) names.push(tarName(walk[shared]!.key));
-  const tar = toRead.length > 0 ? runTar(upperDir, names, options.tarPath) : undefined;
+  // An incremental run is usually small: from the small helper process when it fits (no fork of this
+  // process; see small-process.ts), stopped at the large file's header when there is one.
+  const small = (): Promise<TarRun | undefined> => {
+    if (p.mode !== 'incremental') return Promise.resolve(undefined);
+    const sizes = toRead.map((w) => ((w.stat.mode & S_IFMT) === S_IFREG ? w.stat.size : 0));
+    if (shared !== undefined) sizes.push(0); // its header only: the helper stops tar within its allowance
+    return smallTarRun(upperDir, names, tarOutputBound(sizes), s.limits, options.tarPath, shared !== undefined ? names.length : undefined);
+  };
+  const tar = toRead.length > 0 ? ((await small()) ?? runTar(upperDir, names, options.tarPath)) : undefined;
   let wi = 0;
   let reusedEntries = 0;
 

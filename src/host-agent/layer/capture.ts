@@ -25,6 +25,7 @@ import {
   type LayerLimits,
 } from '../../core/layer-rules.ts';
 import { LayerTransferError } from './errors.ts';
+import { runSmall } from './small-process.ts';
 import { END_OF_ARCHIVE, TarParser, dataPadding, encodeHeader, type TarHeader, type TarSink } from './tar-format.ts';
 import { tarName, walkUpperDir } from './walk.ts';
 
@@ -176,6 +177,49 @@ export function runTar(upperDir: string, names: readonly Buffer[], tarPath = 'ta
   };
 }
 
+/** Room for one entry's header in a tar stream: its PAX header (xattrs) and the ustar header itself. */
+export const TAR_HEADER_ALLOWANCE = 8 * 1024;
+/** tar pads the archive with zeros to whole records (captureTarArgs: 128 blocks of 512 bytes). */
+const TAR_RECORD_BYTES = 128 * 512;
+/** Small runs larger than this are not worth the copy through the helper's IPC channel. */
+export const SMALL_TAR_MAX_BYTES = 4 * 1024 * 1024;
+
+/** Most bytes tar can write for `names` of these data sizes (0 for non-files), with the allowance above per header. */
+export function tarOutputBound(dataSizes: readonly number[]): number {
+  return dataSizes.reduce((n, size) => n + TAR_HEADER_ALLOWANCE + Math.ceil(size / 512) * 512, 0) + 1024 + TAR_RECORD_BYTES;
+}
+
+/** How many entry headers a tar stream (prefix) holds in full. */
+function completeHeaders(bytes: Buffer, limits: LayerLimits): number {
+  let n = 0;
+  const parser = new TarParser({ entry: () => void (n += 1), data: () => undefined, entryEnd: () => undefined }, limits.maxPaxHeaderBytes);
+  try {
+    parser.push(bytes);
+  } catch {
+    // Malformed: the caller's own parse of the same bytes reports it.
+    return Number.POSITIVE_INFINITY;
+  }
+  return n;
+}
+
+/**
+ * `runTar` from the small helper process (small-process.ts: no fork of this large process) when
+ * the output fits `maxBytes`, or when `headersNeeded` is given and that many headers are complete in
+ * the prefix the helper kept (the caller stops reading there). `undefined`: run tar directly (the
+ * helper is unavailable, or the answer did not fit).
+ */
+export async function smallTarRun(upperDir: string, names: readonly Buffer[], maxBytes: number, limits: LayerLimits, tarPath = 'tar', headersNeeded?: number): Promise<TarRun | undefined> {
+  if (maxBytes > SMALL_TAR_MAX_BYTES) return undefined;
+  const nul = Buffer.alloc(1);
+  const r = await runSmall({ file: tarPath, args: captureTarArgs(upperDir), input: Buffer.concat(names.flatMap((n) => [n, nul])), maxOutputBytes: maxBytes });
+  if (r === undefined) return undefined;
+  if (r.truncated && (headersNeeded === undefined || completeHeaders(r.stdout, limits) < headersNeeded)) return undefined;
+  const done = r.truncated || r.code === 0 ? Promise.resolve() : Promise.reject(new LayerTransferError('capture_failed', `tar of ${upperDir} exited ${String(r.code ?? r.signal)}: ${r.stderr.trim()}`));
+  done.catch(() => undefined); // the consumer awaits it
+  const out = r.stdout;
+  return { stdout: (async function* () { yield out; })(), done, kill: () => undefined };
+}
+
 /**
  * The OCI header of one regular file, from a tar run stopped as soon as the header is out: for a
  * file whose data the capture reads itself (large files re-read for an incremental capture, whose
@@ -185,7 +229,7 @@ export function runTar(upperDir: string, names: readonly Buffer[], tarPath = 'ta
 export async function headerOnly(upperDir: string, name: Buffer, limits: LayerLimits, tarPath = 'tar'): Promise<{ entry: CapturedEntry; bytes: Buffer }> {
   const oci = new OverlayToOci(new LayerValidator(limits));
   const parser = new TarParser(oci, limits.maxPaxHeaderBytes);
-  const tar = runTar(upperDir, [name], tarPath);
+  const tar = (await smallTarRun(upperDir, [name], TAR_HEADER_ALLOWANCE, limits, tarPath, 1)) ?? runTar(upperDir, [name], tarPath);
   try {
     for await (const piece of tar.stdout) {
       parser.push(piece);
