@@ -4,11 +4,12 @@
 // Services get typed repositories from it. Checkpoint data lives in chunk-store.ts's streams.
 import { jetstream, jetstreamManager, DiscardPolicy, JetStreamApiError, RetentionPolicy, StorageType, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
+import { ExponentialBackoff, handleWhen, retry } from 'cockatiel';
 import type { NatsConnection, NodeConnectionOptions } from '@nats-io/transport-node';
 import { connectCoalescing } from './coalescing-transport.ts';
 import type { z } from 'zod';
 import type { Logger } from '../observability/logger.ts';
-import { StoreConfigMismatchError, translateReadError } from './errors.ts';
+import { StoreConfigMismatchError, StoreUnavailableError, translateReadError } from './errors.ts';
 import { DEFAULT_MAX_EVENT_BYTES, EVENTS_SUBJECT_PREFIX, EventLog } from './event-log.ts';
 import { KvRepository } from './kv-repository.ts';
 import { natsAuthConnectOptions, type NatsAuthOptions } from './nats-auth.ts';
@@ -162,10 +163,18 @@ export interface StateStoreOptions<B extends Record<string, KvBucketSpec> = type
   readonly events?: Partial<EventStreamSpec>;
   /** JetStream API request timeout; default 5000 ms. */
   readonly timeoutMs?: number;
+  /**
+   * How long set-up keeps trying while JetStream does not answer (a cluster still electing its
+   * leaders, a server starting): default 60 s. Wrong settings fail at once.
+   */
+  readonly setupDeadlineMs?: number;
   readonly logger?: Logger;
 }
 
 const nanos = (ms: number): number => ms * 1_000_000;
+
+/** StateStoreOptions.setupDeadlineMs default. */
+const DEFAULT_SETUP_DEADLINE_MS = 60_000;
 
 /** The stream under KV bucket `spec`, mirroring what @nats-io/kv creates, plus our explicit choices. */
 export function kvStreamConfig(spec: KvBucketSpec & { readonly shard?: { readonly index: number; readonly count: number } }, replicas: number): DesiredStream {
@@ -219,6 +228,46 @@ export function eventStreamConfig(spec: EventStreamSpec, replicas: number): Desi
 }
 
 /** Opened buckets and event log over one NATS connection. */
+/** Bind to the JetStream API, create or verify every stream, open every bucket (one attempt). */
+async function setUp<B extends Record<string, KvBucketSpec>>(nc: NatsConnection, buckets: B, desired: readonly DesiredStream[], timeout: number, logger: Logger | undefined): Promise<{ js: JetStreamClient; jsm: JetStreamManager; kvs: Map<keyof B, KV[]> }> {
+  let js: JetStreamClient;
+  let jsm: JetStreamManager;
+  try {
+    js = jetstream(nc, { timeout });
+    jsm = await jetstreamManager(nc, { timeout });
+  } catch (err) {
+    throw translateReadError(err, 'JetStream API');
+  }
+  // A sharded bucket whose unsharded stream exists holds data from a build that did not shard
+  // it: opening the shards would silently hide every one of those keys.
+  for (const spec of Object.values(buckets)) {
+    if (spec.shards === undefined) continue;
+    const legacy = `KV_${spec.bucket}`;
+    const exists = await jsm.streams.info(legacy).then(
+      () => true,
+      (err: unknown) => {
+        if (err instanceof JetStreamApiError && err.code === 10059) return false;
+        throw translateReadError(err, `stream ${legacy}`);
+      },
+    );
+    if (exists) throw new StoreConfigMismatchError(`bucket ${spec.bucket} exists unsharded (stream ${legacy}); this build keeps it in ${spec.shards} shards ${spec.bucket}_0..${spec.shards - 1}: move its keys over or remove it`);
+  }
+  for (const d of desired) await ensureStream(jsm, d, logger);
+
+  const kvm = new Kvm(js);
+  const kvs = new Map<keyof B, KV[]>();
+  for (const [id, spec] of Object.entries(buckets)) {
+    const opened: KV[] = [];
+    for (const shard of bucketShards(spec)) {
+      opened.push(await kvm.open(shard.bucket, { allow_direct: false, timeout }).catch((err: unknown) => {
+        throw translateReadError(err, `bucket ${shard.bucket}`);
+      }));
+    }
+    kvs.set(id as keyof B, opened);
+  }
+  return { js, jsm, kvs };
+}
+
 export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS> {
   readonly nc: NatsConnection;
   readonly js: JetStreamClient;
@@ -270,37 +319,20 @@ export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_
       }
     }
 
-    let js: JetStreamClient;
-    let jsm: JetStreamManager;
-    try {
-      js = jetstream(nc, { timeout });
-      jsm = await jetstreamManager(nc, { timeout });
-    } catch (err) {
-      throw translateReadError(err, 'JetStream API');
-    }
-    // A sharded bucket whose unsharded stream exists holds data from a build that did not shard
-    // it: opening the shards would silently hide every one of those keys.
-    for (const spec of Object.values(buckets)) {
-      if (spec.shards === undefined) continue;
-      const legacy = `KV_${spec.bucket}`;
-      const exists = await jsm.streams.info(legacy).then(
-        () => true,
-        (err: unknown) => {
-          if (err instanceof JetStreamApiError && err.code === 10059) return false;
-          throw translateReadError(err, `stream ${legacy}`);
-        },
-      );
-      if (exists) throw new StoreConfigMismatchError(`bucket ${spec.bucket} exists unsharded (stream ${legacy}); this build keeps it in ${spec.shards} shards ${spec.bucket}_0..${spec.shards - 1}: move its keys over or remove it`);
-    }
-    for (const d of desired) await ensureStream(jsm, d, logger);
-
-    const kvm = new Kvm(js);
-    const kvs = new Map<keyof B, KV[]>();
-    for (const [id, spec] of Object.entries(buckets)) {
-      const opened: KV[] = [];
-      for (const shard of bucketShards(spec)) opened.push(await kvm.open(shard.bucket, { allow_direct: false, timeout }));
-      kvs.set(id as keyof B, opened);
-    }
+    // Set-up is idempotent (every step creates or verifies), so a step nobody answered is simply
+    // run again, from the start, until the deadline: a cluster whose meta leader is being elected
+    // answers nothing for seconds, and a replica that gave up then would only be restarted to try
+    // again later. Any other error (incompatible settings) fails at once.
+    const deadline = Date.now() + (opts.setupDeadlineMs ?? DEFAULT_SETUP_DEADLINE_MS);
+    const policy = retry(handleWhen((err) => err instanceof StoreUnavailableError && Date.now() < deadline), {
+      maxAttempts: Number.MAX_SAFE_INTEGER,
+      backoff: new ExponentialBackoff({ initialDelay: 250, maxDelay: 5_000 }),
+    });
+    policy.onRetry(({ delay, ...reason }) => {
+      const err = 'error' in reason ? reason.error : undefined;
+      logger?.warn({ err: err instanceof Error ? err.message : err, retryInMs: Math.round(delay) }, 'state store set-up got no answer from NATS; retrying');
+    });
+    const { js, jsm, kvs } = await policy.execute(() => setUp(nc, buckets, desired, timeout, logger));
     const events = new EventLog({ js, jsm, stream: eventsSpec.stream, maxEventBytes: eventsSpec.maxEventBytes });
     logger?.info({ replicas, buckets: Object.values(buckets).map((b) => (b.shards === undefined ? b.bucket : `${b.bucket}_0..${b.shards - 1}`)), events: eventsSpec.stream }, 'state store ready');
     return new StateStore({ nc, js, jsm, events, replicas, buckets, kvs });

@@ -4,9 +4,12 @@
 // stream is SIGKILLed and restarted (a new leader is elected), the stream's leader steps down, the
 // node the client is connected to is SIGKILLed, and a node is frozen (SIGSTOP) past the Raft
 // heartbeat. Afterwards every acknowledged write is there, read from the (new) leader, the watch
-// saw every one of them, and the client on the seed list reconnected by itself. Nothing is mocked.
+// saw every one of them, and the client on the seed list reconnected by itself. Set-up started while
+// two nodes are down (no quorum, nothing answers) keeps trying and is done once they are back.
+// Nothing is mocked.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { pino } from 'pino';
 import { z } from 'zod';
 import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { StateStore, seedList } from '../../../src/store/connection.ts';
@@ -148,4 +151,24 @@ describe('state store on a 3-node NATS cluster', () => {
     watchAbort.abort();
     await watching;
   });
+
+  it('set-up keeps trying while the cluster has no quorum, and is done once it has one', async () => {
+    // Two of three nodes down: no meta leader, no stream leader, so no JetStream request is answered.
+    const [alive, ...down] = cluster.nodes;
+    for (const n of down) await n.kill();
+    const nc = await cluster.connect('setup-no-quorum', { timeoutMs: 3_000 });
+    const warnings: string[] = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void warnings.push(line) });
+    const started = Date.now();
+    const opening = StateStore.open(nc, { replicas: 3, buckets: CONTROL_PLANE_BUCKETS, timeoutMs: 1_000, logger });
+    opening.catch(() => undefined); // awaited below
+    await sleep(4_000);
+    expect(alive!.up).toBe(true);
+    for (const n of down) await n.restart();
+    const store = await opening;
+    expect(Date.now() - started).toBeGreaterThan(4_000);
+    expect(warnings.some((w) => w.includes('state store set-up got no answer from NATS; retrying'))).toBe(true);
+    expect(await store.repository('locators', Rec).get('never-written')).toBeUndefined();
+    await cluster.waitHealthy(60_000);
+  }, 120_000);
 });
