@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto';
 import type { Logger } from '../observability/logger.ts';
 import type { EventLog, FleetEvent } from '../store/event-log.ts';
+import { isDuplicateInProcess } from '../store/errors.ts';
 
 export interface TransitionEvent {
   readonly subjectKind: 'host' | 'group' | 'checkpoint' | 'control_plane';
@@ -107,7 +108,10 @@ export class EventRecorder {
     try {
       await this.log.append(event);
     } catch (err) {
-      this.logger.error({ err, event: event.type, subject: event.subjectId }, 'event append failed; retrying in the background');
+      // Retried below, and dropped (an error) only after minutes; the same id being appended by the
+      // other replica right now is routine (events of one fact get one id everywhere).
+      const level = isDuplicateInProcess(err) ? 'info' : 'warn';
+      this.logger[level]({ err, event: event.type, subject: event.subjectId }, 'event append failed; retrying in the background');
       this.#retryLater(event);
       throw err;
     }

@@ -149,6 +149,16 @@ const CLUSTER_NOT_AVAILABLE = 10008;
 const DUPLICATE_IN_PROCESS = 10158;
 
 /**
+ * A publish refused because the same message id (an event's id) is being applied from another
+ * publish right now: two replicas appending one event, or an append and its own retry. Not a
+ * failure of the store; the retry finds it stored (a duplicate) or stores it.
+ */
+export function isDuplicateInProcess(err: unknown): boolean {
+  const cause = err instanceof StoreUnavailableError ? err.cause : err;
+  return cause instanceof JetStreamApiError && cause.code === DUPLICATE_IN_PROCESS;
+}
+
+/**
  * nats.js turns a JetStream publish that no server answered (no responders: the stream has no
  * leader while a NATS node restarts or its streams elect) into `JetStreamNotEnabled`, a class it
  * does not export; known by its name and its no-responders cause. The same class with a JetStream

@@ -6,7 +6,7 @@
 // answers in a live cluster come and go with its elections, too briefly to provoke here on demand.
 import { JetStreamApiError } from '@nats-io/jetstream';
 import { describe, expect, it } from 'vitest';
-import { CasConflictError, StoreUnavailableError, translateReadError, translateWriteError } from '../../../src/store/errors.ts';
+import { CasConflictError, StoreUnavailableError, isDuplicateInProcess, translateReadError, translateWriteError } from '../../../src/store/errors.ts';
 
 const apiError = (code: number, errCode: number, description: string): JetStreamApiError => new JetStreamApiError({ code, err_code: errCode, description });
 const ctx = { bucket: 'sf_groups_0', key: 'g', expectedRevision: 3, sizeBytes: 10, limitBytes: 100 };
@@ -22,6 +22,9 @@ describe('JetStream answers of a leaderless stream are store_unavailable', () =>
     const err = translateWriteError(apiError(409, 10158, 'duplicate message id is in process'), ctx);
     expect(err).toBeInstanceOf(StoreUnavailableError);
     expect((err as StoreUnavailableError).ambiguous).toBe(true);
+    // Known as such (an event appended by two replicas at once is routine, logged at info).
+    expect(isDuplicateInProcess(err)).toBe(true);
+    expect(isDuplicateInProcess(translateWriteError(apiError(503, 10008, 'JetStream system temporarily unavailable'), ctx))).toBe(false);
   });
 
   it('other API errors keep their meaning: a wrong last sequence is a CAS conflict, a limit or a configuration error stays unknown', () => {
