@@ -345,7 +345,8 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
     if (p.mode !== 'incremental') return Promise.resolve(undefined);
     const sizes = toRead.map((w) => ((w.stat.mode & S_IFMT) === S_IFREG ? w.stat.size : 0));
     if (shared !== undefined) sizes.push(0); // its header only: the helper stops tar within its allowance
-    return smallTarRun(upperDir, names, tarOutputBound(sizes), s.limits, options.tarPath, shared !== undefined ? names.length : undefined);
+    // A speed-up only: whatever goes wrong here, tar is run directly.
+    return smallTarRun(upperDir, names, tarOutputBound(sizes), s.limits, options.tarPath, shared !== undefined ? names.length : undefined).catch(() => undefined);
   };
   const tar = toRead.length > 0 ? ((await small()) ?? runTar(upperDir, names, options.tarPath)) : undefined;
   let wi = 0;

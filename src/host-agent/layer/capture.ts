@@ -212,12 +212,23 @@ export async function smallTarRun(upperDir: string, names: readonly Buffer[], ma
   if (maxBytes > SMALL_TAR_MAX_BYTES) return undefined;
   const nul = Buffer.alloc(1);
   const r = await runSmall({ file: tarPath, args: captureTarArgs(upperDir), input: Buffer.concat(names.flatMap((n) => [n, nul])), maxOutputBytes: maxBytes });
-  if (r === undefined) return undefined;
+  // Not started (EAGAIN, EMFILE…: the direct run may do better), or stopped short of what is needed.
+  if (r === undefined || r.spawnFailed) return undefined;
   if (r.truncated && (headersNeeded === undefined || completeHeaders(r.stdout, limits) < headersNeeded)) return undefined;
+  // Stopped where the caller stops reading, but tar had complained before (e.g. a file that shrank,
+  // padded with zeros): the direct run reads on and its exit status says so.
+  if (r.truncated && r.stderr.trim() !== '') return undefined;
   const done = r.truncated || r.code === 0 ? Promise.resolve() : Promise.reject(new LayerTransferError('capture_failed', `tar of ${upperDir} exited ${String(r.code ?? r.signal)}: ${r.stderr.trim()}`));
   done.catch(() => undefined); // the consumer awaits it
   const out = r.stdout;
+  smallTarRunsUsed += 1;
   return { stdout: (async function* () { yield out; })(), done, kill: () => undefined };
+}
+
+let smallTarRunsUsed = 0;
+/** Tar runs whose output from the helper was used (tests check the path is taken, not only asked). */
+export function smallTarRunsUsedCount(): number {
+  return smallTarRunsUsed;
 }
 
 /**

@@ -14,6 +14,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 
 // Plain CommonJS source: runs without a TypeScript loader (the agent may run under tsx or compiled).
 const HELPER_SOURCE = `
+process.title = 'sandboxfleet-small-process';
 const { spawn } = require('node:child_process');
 process.on('message', (m) => {
   let sent = false;
@@ -21,16 +22,18 @@ process.on('message', (m) => {
   let n = 0;
   let truncated = false;
   let stderr = '';
+  let spawnFailed = false;
   const reply = (code, signal) => {
     if (sent) return;
     sent = true;
-    process.send({ id: m.id, code, signal, truncated, stdout: Buffer.concat(out), stderr });
+    process.send({ id: m.id, code, signal, truncated, spawnFailed, stdout: Buffer.concat(out), stderr });
   };
   let child;
   try {
     child = spawn(m.file, m.args, { stdio: ['pipe', 'pipe', 'pipe'] });
   } catch (err) {
     stderr = String(err);
+    spawnFailed = true;
     return reply(null, null);
   }
   child.stdout.on('data', (d) => {
@@ -49,7 +52,7 @@ process.on('message', (m) => {
   });
   child.stderr.setEncoding('utf8').on('data', (s) => { if (stderr.length < 8192) stderr += s; });
   child.stdin.on('error', () => {});
-  child.on('error', (err) => { stderr += String(err); reply(null, null); });
+  child.on('error', (err) => { stderr += String(err); spawnFailed = true; reply(null, null); });
   // Stopped at the limit: answer at its exit (a grandchild may still hold the pipe open).
   child.on('exit', (code, signal) => { if (truncated) reply(code, signal); });
   child.on('close', (code, signal) => reply(code, signal));
@@ -73,6 +76,8 @@ export interface SmallRunResult {
   readonly signal: string | null;
   /** The command was stopped at `maxOutputBytes`: `stdout` is a prefix of its output. */
   readonly truncated: boolean;
+  /** The helper could not start the command (ENOENT, EAGAIN, EMFILE…): `stderr` says why. */
+  readonly spawnFailed: boolean;
   readonly stdout: Buffer;
   readonly stderr: string;
 }
@@ -148,17 +153,18 @@ class Helper {
     if (this.failures >= MAX_START_FAILURES) return null;
     let child: ChildProcess;
     try {
-      // No loader flags of the parent (tsx, inspector): the source is plain JS.
-      child = spawn(process.execPath, ['-e', HELPER_SOURCE], { stdio: ['ignore', 'ignore', 'ignore', 'ipc'], serialization: 'advanced' });
+      // No loader flags of the parent (tsx, an inspector in NODE_OPTIONS): the source is plain JS.
+      child = spawn(process.execPath, ['-e', HELPER_SOURCE], { stdio: ['ignore', 'ignore', 'ignore', 'ipc'], serialization: 'advanced', env: { ...process.env, NODE_OPTIONS: '' } });
     } catch {
       this.failures += 1;
       return null;
     }
     this.child = child;
     child.on('message', (m: Reply) => {
+      if (!this.pending.has(m.id)) return; // answered already (the helper was given up on)
       this.failures = 0;
       this.answered += 1;
-      this.settle(m.id, { code: m.code, signal: m.signal, truncated: m.truncated, stdout: Buffer.from(m.stdout.buffer, m.stdout.byteOffset, m.stdout.byteLength), stderr: m.stderr });
+      this.settle(m.id, { code: m.code, signal: m.signal, truncated: m.truncated, spawnFailed: m.spawnFailed, stdout: Buffer.from(m.stdout.buffer, m.stdout.byteOffset, m.stdout.byteLength), stderr: m.stderr });
     });
     const gone = (): void => {
       if (this.child !== child) return;

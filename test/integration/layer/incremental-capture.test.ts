@@ -24,7 +24,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import type { ChunkerOptions } from '../../../src/host-agent/layer/fastcdc.ts';
 import { INLINE_PASSES } from '../../../src/host-agent/layer/restore.ts';
 import { fetchLayer, storeLayer, type StoreLayerOptions, type StoredLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
-import { smallProcessHelper } from '../../../src/host-agent/layer/small-process.ts';
+import { smallTarRunsUsedCount } from '../../../src/host-agent/layer/capture.ts';
 import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 import { PROPERTY_RUNS } from '../../support/property-runs.ts';
@@ -256,7 +256,7 @@ async function expectRestoresTo(stored: StoredLayer, upper: string): Promise<voi
 describe('incremental capture (reads only what changed)', () => {
   it('gives the layer a full capture gives, and it restores to the tree on disk (property)', async () => {
     let incrementalRuns = 0;
-    const helperRuns = smallProcessHelper.answered;
+    const helperRuns = smallTarRunsUsedCount();
     await fc.assert(
       fc.asyncProperty(fc.array(opArb, { minLength: 1, maxLength: 14 }), fc.array(opArb, { maxLength: 8 }), fc.array(opArb, { maxLength: 8 }), async (initial, changes1, changes2) => {
         const upper = join(work, `upper-${seq++}`);
@@ -290,7 +290,7 @@ describe('incremental capture (reads only what changed)', () => {
     // The property must have exercised reuse, not only re-reads, and the re-reads' tar runs from the
     // small helper process (small-process.ts), the path incremental captures take.
     expect(incrementalRuns).toBeGreaterThan(PROPERTY_RUNS);
-    expect(smallProcessHelper.answered - helperRuns).toBeGreaterThan(PROPERTY_RUNS);
+    expect(smallTarRunsUsedCount() - helperRuns).toBeGreaterThan(PROPERTY_RUNS);
   }, 1_800_000);
 
   it('re-reads entries written within the racy margin of the capture that indexed them', async () => {

@@ -1,11 +1,11 @@
 // The small helper process that starts short tar runs for the agent (small-process.ts): what it
 // returns, where it stops, and that capture still works when it is gone (it is a speed-up only).
-import { mkdtemp, mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, mkdir, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_LAYER_LIMITS, LayerValidator } from '../../../src/core/layer-rules.ts';
-import { OverlayToOci, TAR_HEADER_ALLOWANCE, headerOnly, runTar, smallTarRun, tarOutputBound } from '../../../src/host-agent/layer/capture.ts';
+import { OverlayToOci, TAR_HEADER_ALLOWANCE, headerOnly, runTar, smallTarRun, smallTarRunsUsedCount, tarOutputBound } from '../../../src/host-agent/layer/capture.ts';
 import { TarParser } from '../../../src/host-agent/layer/tar-format.ts';
 import { runSmall, smallProcessHelper } from '../../../src/host-agent/layer/small-process.ts';
 
@@ -25,10 +25,11 @@ describe('small helper process', () => {
     expect(r!.stdout.toString()).toBe('y\ny\ny\ny\ny\n');
   });
 
-  it('answers a command that cannot start with its error, not by failing', async () => {
+  it('answers a command that cannot start with its error, not by failing, and tar is then run directly', async () => {
     const r = await runSmall({ file: '/nonexistent/tar', args: [], input: NO_INPUT, maxOutputBytes: 10 });
-    expect(r).toMatchObject({ code: null, truncated: false });
+    expect(r).toMatchObject({ code: null, truncated: false, spawnFailed: true });
     expect(r!.stderr).toMatch(/ENOENT/);
+    expect(await smallTarRun(tmpdir(), [Buffer.from('.')], 1024, DEFAULT_LAYER_LIMITS, '/nonexistent/tar')).toBeUndefined();
   });
 
   it('starts a new helper after the old one died', async () => {
@@ -96,6 +97,43 @@ describe('tar runs through the helper', () => {
     // The whole output asked for, but it does not fit: not kept.
     expect(await smallTarRun(dir, [name], TAR_HEADER_ALLOWANCE, DEFAULT_LAYER_LIMITS)).toBeUndefined();
     expect(smallProcessHelper.answered).toBe(answered + 3);
+  });
+
+  it('a shared run cut short is used exactly when its last header is complete, and gives the bytes a direct run gives', async () => {
+    // A directory, a small file, a symlink whose 3,000-byte target needs a PAX record, then a large
+    // file whose header comes last (what an incremental capture's shared run looks like).
+    await mkdir(join(dir, 'd'));
+    await writeFile(join(dir, 'd/a'), Buffer.alloc(700, 1));
+    await symlink('t'.repeat(3000), join(dir, 'd/s'));
+    const names = ['./d', './d/a', './d/s', './data/big.bin'].map((n) => Buffer.from(n));
+    const tar = runTar(dir, names);
+    const raw: Buffer[] = [];
+    for await (const p of tar.stdout) raw.push(p);
+    await tar.done;
+    const all = Buffer.concat(raw);
+    const headers = (b: Buffer): number => {
+      let n = 0;
+      new TarParser({ entry: () => void (n += 1), data: () => undefined, entryEnd: () => undefined }, DEFAULT_LAYER_LIMITS.maxPaxHeaderBytes).push(b);
+      return n;
+    };
+    // The first byte count at which tar's output holds the 4th header in full.
+    let lo = 0;
+    let hi = all.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (headers(all.subarray(0, mid)) >= 4) hi = mid;
+      else lo = mid + 1;
+    }
+    const expected = await emitted((async function* () { yield all.subarray(0, lo); })());
+    expect(await smallTarRun(dir, names, lo - 1, DEFAULT_LAYER_LIMITS, 'tar', 4)).toBeUndefined();
+    const used = smallTarRunsUsedCount();
+    for (const limit of [lo, lo + 1, lo + 511, lo + 64 * 1024]) {
+      const run = await smallTarRun(dir, names, limit, DEFAULT_LAYER_LIMITS, 'tar', 4);
+      expect(run, `limit ${limit}`).toBeDefined();
+      const got = await emitted(run!.stdout);
+      expect(got.subarray(0, expected.length).equals(expected), `limit ${limit}`).toBe(true);
+    }
+    expect(smallTarRunsUsedCount()).toBe(used + 4);
   });
 
   it('a tar failure is a capture failure, as when run directly', async () => {
