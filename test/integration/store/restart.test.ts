@@ -1,6 +1,7 @@
 // Durability across nats-server restarts (clean stop and SIGKILL) on the same store dir: KV
 // values and revisions, events and checkpoint chunks survive, CAS continues from the stored revisions,
 // and an open connection reconnects by itself. Also checks the fsync policy really applied.
+import { readFileSync, readdirSync } from 'node:fs';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -11,6 +12,21 @@ import { Unavailable } from '../../../src/core/errors.ts';
 import { CasConflictError, StoreUnavailableError } from '../../../src/store/errors.ts';
 import type { FleetEvent } from '../../../src/store/event-log.ts';
 import { nextStatus, startTestNats, type TestNats } from '../../support/nats.ts';
+
+/** Resolves once every thread of `pid` is stopped (state T in /proc), after a SIGSTOP. */
+async function stopped(pid: number): Promise<void> {
+  const deadline = Date.now() + 5_000;
+  for (;;) {
+    const tasks = readdirSync(`/proc/${pid}/task`);
+    const states = tasks.map((t) => {
+      const stat = readFileSync(`/proc/${pid}/task/${t}/stat`, 'utf8');
+      return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+    });
+    if (states.every((st) => st === 'T' || st === 't')) return;
+    if (Date.now() > deadline) throw new Error(`process ${pid} not stopped: thread states ${states.join('')}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
 
 const Placement = z.object({ groupId: z.string(), hostId: z.string(), generation: z.number().int() });
 
@@ -143,8 +159,11 @@ describe('restart durability', () => {
     await repo.create('g', { groupId: 'g', hostId: 'h1', generation: 1 });
     const pid = nats.server.pid as number;
     // The server frozen, so the read is still waiting for its answer when the connection closes.
+    // Every thread of it stopped before the read goes out: the stop is not instant, and on a busy
+    // machine the server answered a read sent right after kill() (2 runs in 8 here under load).
     process.kill(pid, 'SIGSTOP');
     try {
+      await stopped(pid);
       const pending = repo.get('g').catch((e: unknown) => e);
       await new Promise((r) => setTimeout(r, 100));
       await nc.close();
