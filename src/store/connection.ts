@@ -227,7 +227,6 @@ export function eventStreamConfig(spec: EventStreamSpec, replicas: number): Desi
   };
 }
 
-/** Opened buckets and event log over one NATS connection. */
 /** Bind to the JetStream API, create or verify every stream, open every bucket (one attempt). */
 async function setUp<B extends Record<string, KvBucketSpec>>(nc: NatsConnection, buckets: B, desired: readonly DesiredStream[], timeout: number, logger: Logger | undefined): Promise<{ js: JetStreamClient; jsm: JetStreamManager; kvs: Map<keyof B, KV[]> }> {
   let js: JetStreamClient;
@@ -268,6 +267,7 @@ async function setUp<B extends Record<string, KvBucketSpec>>(nc: NatsConnection,
   return { js, jsm, kvs };
 }
 
+/** Opened buckets and event log over one NATS connection. */
 export class StateStore<B extends Record<string, KvBucketSpec> = typeof DEFAULT_BUCKETS> {
   readonly nc: NatsConnection;
   readonly js: JetStreamClient;
