@@ -88,6 +88,8 @@ function sameManifest(a: CoreManifest, b: CoreManifest): boolean {
 export class CheckpointOps {
   private cache: Promise<ChunkCache | undefined> | undefined;
   private readonly indexes: CaptureIndexStore;
+  /** Restores' background cache writes of the chunks they kept in memory (VerifiedLayer.release). */
+  private readonly cacheFills = new Set<Promise<void>>();
 
   constructor(private readonly deps: CheckpointOpsDeps) {
     this.indexes = new CaptureIndexStore(this.layerRestore.indexDir ?? DEFAULT_LAYER_RESTORE_SETTINGS.indexDir!);
@@ -99,6 +101,11 @@ export class CheckpointOps {
 
   private get layerRestore(): LayerRestoreSettings {
     return this.deps.layerRestore ?? DEFAULT_LAYER_RESTORE_SETTINGS;
+  }
+
+  /** Resolves when the chunk cache writes of the restores answered so far are done (tests, shutdown). */
+  async cacheFilled(): Promise<void> {
+    await Promise.all([...this.cacheFills]);
   }
 
   /** The host's chunk cache, opened once; none when disabled or when its directory is unusable. */
@@ -380,7 +387,12 @@ export class CheckpointOps {
       await Promise.allSettled(created.map((id) => runtime.remove(id, { force: true })));
       throw restoreError(undefined, err);
     } finally {
-      for (const v of verified) v.release();
+      // Frees the kept chunks once they are in the host's cache (background writes: not waited for).
+      for (const v of verified) {
+        const fill = v.release();
+        this.cacheFills.add(fill);
+        void fill.finally(() => this.cacheFills.delete(fill));
+      }
     }
   }
 }

@@ -15,6 +15,7 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { chunkListDigest, serializeCheckpointManifest, type CheckpointManifest, type LayerRef } from '../../../src/core/checkpoint-manifest.ts';
 import { LayerRuleError } from '../../../src/core/layer-rules.ts';
 import { LayerTransferError } from '../../../src/host-agent/layer/errors.ts';
+import { ChunkCache } from '../../../src/host-agent/layer/chunk-cache.ts';
 import { RetainBudget, extractVerifiedLayer, fetchLayer, storeLayer, verifyLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
 import { restoreLayer } from '../../../src/host-agent/layer/restore.ts';
 import { ChunkStore, ChunkStoreError, sha256Digest } from '../../../src/store/chunk-store.ts';
@@ -308,16 +309,51 @@ describe('layer checkpoint through the chunk store', () => {
     const target = join(work, 'restored-keep');
     for (const i of kept) await store.delete(layer.chunks[i]!.digest);
     await extractVerifiedLayer(all, store, target, { fetchWorker });
-    all.release();
+    await all.release();
     expect(budget.usedBytes).toBe(0);
     expect(readFileSync(join(target, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
     // The partial one needs the store for what it did not keep (still there) and not for the rest.
     const target2 = join(work, 'restored-keep2');
     await extractVerifiedLayer(part, store, target2, { fetchWorker });
-    part.release();
+    await part.release();
     expect(readFileSync(join(target2, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
     expect(half.usedBytes).toBe(0);
     await storeLayer(upper, store); // put the deleted chunks back for later tests
+  });
+
+  it('chunks kept in memory reach the host cache only after the restore (release), and a refused layer\'s never', async () => {
+    const fetchWorker = { servers: nats.server.url };
+    const upper = join(work, 'upper-deferred');
+    mkdirSync(upper);
+    writeFileSync(join(upper, 'data.bin'), randomBytes(3 * MiB));
+    const { layer } = await storeLayer(upper, store);
+    const cache = await ChunkCache.open({ dir: join(work, 'cache-deferred'), maxBytes: 64 * MiB });
+    // Half kept: the other half is written to the cache during pass 1 (pass 2 reads it there).
+    const budget = new RetainBudget(Math.floor(layer.size / 2));
+    const verified = await verifyLayer(layer, store, { fetchWorker, cache, retain: budget });
+    const kept = verified.retained.chunks.flatMap((c, i) => (c === undefined ? [] : [layer.chunks[i]!.digest]));
+    expect(kept.length).toBeGreaterThan(0);
+    expect(kept.length).toBeLessThan(layer.chunks.length);
+    expect(kept.every((d) => !cache.has(d))).toBe(true);
+    expect(layer.chunks.filter((c) => !kept.includes(c.digest)).every((c) => cache.has(c.digest))).toBe(true);
+    const target = join(work, 'restored-deferred');
+    await extractVerifiedLayer(verified, store, target, { fetchWorker, cache });
+    expect(readFileSync(join(target, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
+    expect(kept.every((d) => !cache.has(d))).toBe(true); // not before release()
+    await verified.release();
+    expect(budget.usedBytes).toBe(0);
+    expect(layer.chunks.every((c) => cache.has(c.digest))).toBe(true);
+    for (const c of layer.chunks) expect((await cache.get(c))?.length).toBe(c.size);
+    // A layer refused by pass 1 (wrong size in its reference): nothing of it is cached, kept or not.
+    const other = join(work, 'upper-deferred-refused');
+    mkdirSync(other);
+    writeFileSync(join(other, 'data.bin'), randomBytes(2 * MiB));
+    const refused = (await storeLayer(other, store)).layer;
+    const lying: LayerRef = { ...refused, size: refused.size - 1 };
+    const budget2 = new RetainBudget(64 * MiB);
+    expect(await reasonOf(verifyLayer(lying, store, { fetchWorker, cache, retain: budget2, digestOf: 'tar' }))).toBe('layer_size_mismatch');
+    expect(budget2.usedBytes).toBe(0);
+    expect(refused.chunks.some((c) => cache.has(c.digest))).toBe(false);
   });
 
   it('refuses hostile layers before writing, and a non-empty target', async () => {

@@ -254,6 +254,7 @@ describe('configured limits and the chunk cache (CheckpointOps on the same engin
     expect((await first.ops.restore(restoreCmd('g-cache', manifest), 1)).verified).toBe(true);
     expect(await bytes(first.metrics, 'restore_fetched')).toBe(layer.size);
     expect(await bytes(first.metrics, 'restore_cached')).toBe(0);
+    await first.ops.cacheFilled(); // the chunks kept in memory are cached after the answer
 
     // The group returns to this host (a new generation): every chunk comes from the cache.
     const second = opsWith({});
