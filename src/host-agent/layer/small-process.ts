@@ -43,8 +43,10 @@ process.on('message', (m) => {
       out.push(d.subarray(0, room));
       n += room;
       truncated = true;
-      child.stdout.destroy();
+      // Killed before its pipe closes: closed first, tar may see the write fail and say so on
+      // stderr ("tar: -: Cannot write", 4 runs in 200), which would read as a complaint of its own.
       child.kill('SIGKILL');
+      child.stdout.destroy();
     } else {
       out.push(d);
       n += d.length;
