@@ -16,6 +16,7 @@
 // Anything less removes what was created and reports why: a refused layer is REFUSED with its data
 // reason (wire/agent-protocol.ts LayerDataReason: no host can restore it), a failure of this host is
 // FAILED with its own reason (layer/errors.ts restoreFailureOf).
+import { basename, dirname } from 'node:path';
 import { decideStopCleanliness } from '../core/clean-stop.ts';
 import {
   ManifestError,
@@ -39,6 +40,7 @@ import { CaptureIndexStore, type CaptureIndex } from './layer/capture-index.ts';
 import { ChunkCache } from './layer/chunk-cache.ts';
 import { restoreFailureOf } from './layer/errors.ts';
 import { RetainBudget, extractVerifiedLayer, storeLayer, verifyLayer, type FetchLayerOptions, type VerifiedLayer } from './layer/layer-transfer.ts';
+import { removeStaleStaging, type EarlyStaging } from './layer/restore.ts';
 import { coreCleanStop, fromWireManifest, toWireManifest } from '../wire/checkpoint-manifest.ts';
 import { proveSessionFiles, type SessionFileProblem } from './session-proof.ts';
 import { discoverSessionFiles } from './session-discovery.ts';
@@ -90,6 +92,14 @@ export class CheckpointOps {
   private readonly indexes: CaptureIndexStore;
   /** Restores' background cache writes of the chunks they kept in memory (VerifiedLayer.release). */
   private readonly cacheFills = new Set<Promise<void>>();
+  /** Bytes those writes still hold in memory, over all restores: at most one restore budget. */
+  private fillBytes = 0;
+  /**
+   * Where a restore extracts while its container is being created: the engine's overlay2 root,
+   * learned from the first upper dir this process sees (stale staging dirs of this host removed
+   * first). Until then, or when that failed, extraction waits for the container.
+   */
+  private earlyStaging: Promise<EarlyStaging | undefined> | undefined;
 
   constructor(private readonly deps: CheckpointOpsDeps) {
     this.indexes = new CaptureIndexStore(this.layerRestore.indexDir ?? DEFAULT_LAYER_RESTORE_SETTINGS.indexDir!);
@@ -103,9 +113,30 @@ export class CheckpointOps {
     return this.deps.layerRestore ?? DEFAULT_LAYER_RESTORE_SETTINGS;
   }
 
-  /** Resolves when the chunk cache writes of the restores answered so far are done (tests, shutdown). */
+  /** Resolves when the chunk cache writes of the restores answered so far are done (tests). */
   async cacheFilled(): Promise<void> {
     await Promise.all([...this.cacheFills]);
+  }
+
+  /** Where restores extract while creating the container; undefined until learned (tests). */
+  async stagingParent(): Promise<string | undefined> {
+    return (await this.earlyStaging)?.parent;
+  }
+
+  /** Learn the overlay2 root from a container's upper dir (`<root>/<layer id>/diff`), once. */
+  private learnStaging(upper: string): void {
+    if (this.earlyStaging !== undefined || basename(upper) !== 'diff') return;
+    const early: EarlyStaging = { parent: dirname(dirname(upper)), prefix: `.sf-restore-${this.deps.hostId.replace(/[^A-Za-z0-9_.-]/g, '_')}-` };
+    this.earlyStaging = removeStaleStaging(early).then(
+      (removed) => {
+        if (removed.length > 0) this.deps.logger?.info({ removed, parent: early.parent }, 'removed staging dirs of restores interrupted earlier');
+        return early;
+      },
+      (err: unknown) => {
+        this.deps.logger?.warn({ err, parent: early.parent }, 'overlay2 root unusable for early extraction; restores extract after creating the container');
+        return undefined;
+      },
+    );
   }
 
   /** The host's chunk cache, opened once; none when disabled or when its directory is unusable. */
@@ -188,6 +219,7 @@ export class CheckpointOps {
       if (kind === undefined || core === undefined) throw refused('invalid_argument', `member ${spec.memberId}: unknown CLI kind ${spec.kind}`);
       if (c.member?.cliKind !== kind) throw refused('member_mismatch', `member ${spec.memberId} runs ${c.member?.cliKind}, command says ${kind}`);
       const upper = await runtime.upperDir(c.id);
+      this.learnStaging(upper);
       prepared.push({ spec, kind, upper, sessionPaths: await this.#sessionFiles(spec.memberId, core, spec.savedLocator, spec.nativeSessionPaths, upper) });
     }
     const version = this.manifestVersion;
@@ -355,7 +387,9 @@ export class CheckpointOps {
       const problems: (SessionFileProblem & { memberId: string })[] = [];
       for (const [i, m] of manifest.members.entries()) {
         try {
-          const c = await runtime.createMember({
+          // Extraction into a staging dir starts at once when the overlay2 root is known; the
+          // container is created meanwhile and its upper dir replaced by the staging dir at the end.
+          const made = runtime.createMember({
             groupId: manifest.groupId,
             memberId: m.memberId,
             cliKind: m.cliKind,
@@ -364,10 +398,16 @@ export class CheckpointOps {
             cmd: this.deps.groups.memberCommand(m.cliKind),
             env: { SANDBOXFLEET_GROUP_ID: manifest.groupId, SANDBOXFLEET_MEMBER_ID: m.memberId, SANDBOXFLEET_CLI: m.cliKind },
             networkMode: this.deps.groups.memberNetworkMode,
+          }).then(async (c) => {
+            created.push(c.id);
+            const upper = await runtime.upperDir(c.id);
+            this.learnStaging(upper);
+            return { id: c.id, upper };
           });
-          created.push(c.id);
-          const upper = await runtime.upperDir(c.id);
-          await extractVerifiedLayer(verified[i]!, store, upper, layerOptions); // applied BEFORE any start (R-G5)
+          const earlyStaging = await this.earlyStaging;
+          await extractVerifiedLayer(verified[i]!, store, made.then((x) => x.upper), { ...layerOptions, earlyStaging }); // applied BEFORE any start (R-G5)
+          const c = await made;
+          const upper = c.upper;
           const found = [...(await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator)), ...unnamedSessionProblem(m)];
           problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
           members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });
@@ -388,8 +428,13 @@ export class CheckpointOps {
       throw restoreError(undefined, err);
     } finally {
       // Frees the kept chunks once they are in the host's cache (background writes: not waited for).
+      // Restores back to back on a slow disk would pile them up: beyond one restore budget of
+      // pending writes, a layer's kept chunks are freed at once and not cached.
+      const budget = this.layerRestore.restoreMemoryBytes ?? DEFAULT_LAYER_RESTORE_SETTINGS.restoreMemoryBytes!;
       for (const v of verified) {
-        const fill = v.release();
+        const bytes = this.fillBytes + v.uncachedBytes <= budget ? v.uncachedBytes : 0;
+        this.fillBytes += bytes;
+        const fill = v.release({ cache: bytes > 0 }).finally(() => (this.fillBytes -= bytes));
         this.cacheFills.add(fill);
         void fill.finally(() => this.cacheFills.delete(fill));
       }

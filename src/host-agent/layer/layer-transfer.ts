@@ -12,7 +12,7 @@ import type { WorkerConnection } from '../../store/nats-auth.ts';
 import { LayerTransferError, restoreFailureOf } from './errors.ts';
 import type { ChunkCache } from './chunk-cache.ts';
 import { WORKER_PASSES_TRANSFER } from './layer-workers.ts';
-import { checkDeclaredSize, extractIntoTarget, type ExpectedLayer, type LayerPasses, type RestoredLayer, type ScannedLayer } from './restore.ts';
+import { checkDeclaredSize, extractIntoTarget, type EarlyStaging, type ExpectedLayer, type LayerPasses, type RestoredLayer, type ScannedLayer } from './restore.ts';
 import { digestOff } from './sha256-pool.ts';
 
 export { storeLayer, type CaptureReport, type StoreLayerOptions, type StoredLayer } from './capture-store.ts';
@@ -91,10 +91,13 @@ export interface VerifiedLayer {
   readonly retained: KeptChunks;
   /**
    * After pass 2, or when it will not run: write the kept chunks pass 1 fetched to the host's cache
-   * (deferred: see layerChunks), then free them and the cache pins. Resolves when that is done;
-   * never rejects (the cache is an optimisation). Callers that answer first need not wait.
+   * (deferred: see layerChunks; not with `cache: false`), then free them and the cache pins.
+   * Resolves when that is done; never rejects (the cache is an optimisation). Callers that answer
+   * first need not wait. The kept chunks are no longer used for an extraction after this call.
    */
-  release(): Promise<void>;
+  release(how?: { readonly cache?: boolean }): Promise<void>;
+  /** Bytes release() would write to the cache (kept chunks pass 1 fetched). */
+  readonly uncachedBytes: number;
 }
 
 interface ChunkCounts {
@@ -142,11 +145,13 @@ const DEFERRED_PUTS_IN_FLIGHT = 2;
 async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts, retained?: KeptChunks, keep?: Retained): AsyncGenerator<Buffer> {
   const cache = options.cache?.enabled === true ? options.cache : undefined;
   // A kept chunk is moved to the layer worker in pass 2 (its last use): one that is already moved
-  // (a second extraction of the same verified layer) reads as not kept.
-  const kept = (i: number): Buffer | undefined => {
+  // (a second extraction of the same verified layer) reads as not kept. Decided once, at the start:
+  // what this pass fetches depends on it.
+  const keptAtStart = layer.chunks.map((ref, i) => {
     const data = retained?.chunks[i];
-    return data !== undefined && data.length === layer.chunks[i]!.size ? data : undefined;
-  };
+    return data !== undefined && data.length === ref.size ? data : undefined;
+  });
+  const kept = (i: number): Buffer | undefined => keptAtStart[i];
   const cached = layer.chunks.map((c, i) => kept(i) === undefined && cache?.has(c.digest) === true);
   const missing = layer.chunks.filter((_, i) => kept(i) === undefined && !cached[i]);
   const inFlight = options.maxInFlight ?? DEFAULT_READ_IN_FLIGHT;
@@ -176,6 +181,7 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
       if (data !== undefined) {
         // Kept by pass 1: the bytes it verified. Still to be cached: the layer worker gets a copy.
         if (retained!.uncached.has(i)) data = own(data, true);
+        keptAtStart[i] = undefined;
       } else if (cached[i]) {
         data = await reads.get(i)!;
         reads.delete(i);
@@ -197,11 +203,11 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
       // what it is given: moved buffers free deterministically, shared ones only when every thread
       // has collected them). A kept chunk's cache write waits until release(): pass 2 reads it from
       // memory, and the writes (a file each, and dirty pages that `docker create` then waited on)
-      // took ~0.25 s of a 200 MiB restore's critical path (bench/checkpoint).
+      // were 0.3-0.6 s of a 200 MiB restore's 1.9 s (bench/checkpoint).
       if (keep !== undefined && options.retain?.take(data.length) === true) {
         keep.chunks[i] = data;
         keep.bytes += data.length;
-        if (fetchedNow) {
+        if (fetchedNow && fill && cache !== undefined) {
           keep.uncached.add(i);
           deferred = true;
         }
@@ -242,16 +248,21 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
   const keep: Retained = { chunks: [], uncached: new Set(), bytes: 0 };
   let released: Promise<void> | undefined;
-  const free = (): void => {
-    unpin();
-    options.retain?.give(keep.bytes);
+  const release = (how: { cache?: boolean } = {}): Promise<void> => {
+    if (released !== undefined) return released;
+    // The chunks still to be cached leave `keep` now: a later extraction reads the cache or the store.
+    const pending = how.cache === false ? [] : [...keep.uncached].map((i) => ({ ref: layer.chunks[i]!, data: keep.chunks[i]! }));
     keep.chunks.length = 0;
     keep.uncached.clear();
+    return (released = fillCache(pending, options.cache).finally(() => {
+      unpin();
+      options.retain?.give(keep.bytes);
+    }));
   };
-  const release = (): Promise<void> => (released ??= fillCache(layer, keep, options.cache).finally(free));
   try {
     const scanned = await (options.passes ?? WORKER_PASSES_TRANSFER).scan(layerChunks(layer, store, options, true, counts, undefined, keep), { expected, limits });
-    return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, retainedBytes: keep.bytes, retained: keep, release };
+    const uncachedBytes = [...keep.uncached].reduce((sum, i) => sum + layer.chunks[i]!.size, 0);
+    return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, retainedBytes: keep.bytes, retained: keep, uncachedBytes, release };
   } catch (err) {
     // Nothing of a layer that failed pass 1 is cached later.
     keep.uncached.clear();
@@ -263,26 +274,28 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
 }
 
 /** The deferred cache writes of kept chunks (a few at a time, in the background); never rejects. */
-async function fillCache(layer: LayerRef, keep: Retained, cache: ChunkCache | undefined): Promise<void> {
-  if (cache?.enabled !== true || keep.uncached.size === 0) return;
-  const pending = [...keep.uncached];
+async function fillCache(pending: { readonly ref: ChunkRef; readonly data: Buffer }[], cache: ChunkCache | undefined): Promise<void> {
+  if (cache?.enabled !== true || pending.length === 0) return;
   await Promise.all(
     Array.from({ length: Math.min(DEFERRED_PUTS_IN_FLIGHT, pending.length) }, async () => {
-      for (let i = pending.shift(); i !== undefined; i = pending.shift()) {
-        const data = keep.chunks[i];
-        if (data !== undefined && data.length === layer.chunks[i]!.size) await cache.put(layer.chunks[i]!, data).catch(() => false);
+      for (let next = pending.shift(); next !== undefined; next = pending.shift()) {
+        if (next.data.length === next.ref.size) await cache.put(next.ref, next.data).catch(() => false);
       }
     }),
   );
 }
 
-/** Pass 2: extract a verified layer into `targetDir` (absent or empty), from the cache or the store. */
-export async function extractVerifiedLayer(verified: VerifiedLayer, store: ChunkStore, targetDir: string, options: FetchLayerOptions = {}): Promise<RestoredLayer> {
+/**
+ * Pass 2: extract a verified layer into `targetDir` (absent or empty), from memory, the cache or the
+ * store. With `earlyStaging`, `targetDir` may be a promise: extraction runs while it is made.
+ */
+export async function extractVerifiedLayer(verified: VerifiedLayer, store: ChunkStore, targetDir: string | Promise<string>, options: FetchLayerOptions & { readonly earlyStaging?: EarlyStaging | undefined } = {}): Promise<RestoredLayer> {
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
   return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts, verified.retained), verified.scanned, expectedOf(verified.layer, options), targetDir, {
     passes: options.passes ?? WORKER_PASSES_TRANSFER,
     ...(options.limits ? { limits: options.limits } : {}),
     ...(options.tarPath ? { tarPath: options.tarPath } : {}),
+    earlyStaging: options.earlyStaging,
   });
 }
 

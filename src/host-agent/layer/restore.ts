@@ -81,7 +81,23 @@ export interface RestoreOptions {
   readonly tarPath?: string;
   /** Where the passes run: default a layer worker thread (WORKER_PASSES); INLINE_PASSES here. */
   readonly passes?: LayerPasses;
+  /**
+   * Extract before the target exists: into `<parent>/<prefix><random>`, `parent` on the same mount
+   * as the target (the engine's overlay2 root for a container's upper dir), while the target (a
+   * promise, e.g. of the upper dir of a container being created) is being made. Without it the
+   * staging dir is made next to the target once the target is known.
+   */
+  readonly earlyStaging?: EarlyStaging | undefined;
 }
+
+export interface EarlyStaging {
+  readonly parent: string;
+  /** Name prefix of the staging dirs (stale ones, e.g. after a crash, are found by it). */
+  readonly prefix: string;
+}
+
+/** The random part of a staging dir's name. */
+export const STAGING_SUFFIX = /^[0-9a-f]{12}$/;
 
 /**
  * GNU tar arguments for extraction as root: owners, modes, xattrs (incl. trusted.*) as given. 1 MiB
@@ -281,29 +297,47 @@ const opener = (source: LayerSource): (() => LayerChunks) => (typeof source === 
 
 /**
  * Pass 2 into `targetDir` (absent or empty) for a layer pass 1 accepted as `scanned`: a staging dir
- * next to it, renamed onto it only when the extraction saw exactly what the scan saw and tar exited
- * 0; otherwise removed, and the target is unchanged.
+ * (next to the target, or `options.earlyStaging`), renamed onto the target only when the extraction
+ * saw exactly what the scan saw and tar exited 0; otherwise removed, and the target is unchanged.
+ * A target promise that rejects fails the extraction with its error (after tar has stopped).
  */
-export async function extractIntoTarget(source: LayerSource, scanned: ScannedLayer, expected: ExpectedLayer, targetDir: string, options: RestoreOptions = {}): Promise<RestoredLayer> {
+export async function extractIntoTarget(source: LayerSource, scanned: ScannedLayer, expected: ExpectedLayer, targetDir: string | Promise<string>, options: RestoreOptions = {}): Promise<RestoredLayer> {
   const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
   const passes = options.passes ?? WORKER_PASSES;
-  const targetExists = await assertEmptyOrAbsent(targetDir);
-  const staging = join(dirname(targetDir), `.${basename(targetDir)}.restore-${randomBytes(6).toString('hex')}`);
+  const early = options.earlyStaging;
+  const target = early === undefined ? await targetDir : undefined;
+  if (target !== undefined) await assertEmptyOrAbsent(target);
+  const suffix = randomBytes(6).toString('hex');
+  const staging = early !== undefined ? join(early.parent, `${early.prefix}${suffix}`) : join(dirname(target!), `.${basename(target!)}.restore-${suffix}`);
   await mkdir(staging, { mode: 0o700 });
   let committed = false;
   try {
-    const restored = await passes.extract(opener(source)(), { expected, limits, staging, tarPath: options.tarPath ?? 'tar' });
+    // Both settle before anything is decided: the staging dir is never removed under a running tar.
+    const [extracted, made] = await Promise.allSettled([passes.extract(opener(source)(), { expected, limits, staging, tarPath: options.tarPath ?? 'tar' }), Promise.resolve(targetDir)]);
+    if (made.status === 'rejected') throw made.reason;
+    if (extracted.status === 'rejected') throw extracted.reason;
+    const restored = extracted.value;
     // Same bytes, same rules: anything else means the second read was not the first.
     if (restored.entries !== scanned.entries || restored.size !== scanned.size) {
       throw new LayerTransferError('layer_size_mismatch', `extraction saw ${restored.entries} entries / ${restored.size} bytes, validation ${scanned.entries} / ${scanned.size}`);
     }
-    if (targetExists) await rmdir(targetDir);
-    await rename(staging, targetDir);
+    if (await assertEmptyOrAbsent(made.value)) await rmdir(made.value);
+    await rename(staging, made.value);
     committed = true;
     return restored;
   } finally {
     if (!committed) await removeTree(staging);
   }
+}
+
+/**
+ * Remove the staging dirs under `early.parent` that carry its prefix (and a staging suffix): left
+ * by a process that died while extracting. Only for a prefix no running extraction uses.
+ */
+export async function removeStaleStaging(early: EarlyStaging): Promise<string[]> {
+  const names = (await readdir(early.parent)).filter((n) => n.startsWith(early.prefix) && STAGING_SUFFIX.test(n.slice(early.prefix.length)));
+  for (const n of names) await removeTree(join(early.parent, n));
+  return names;
 }
 
 /**

@@ -17,7 +17,7 @@ import { LayerRuleError } from '../../../src/core/layer-rules.ts';
 import { LayerTransferError } from '../../../src/host-agent/layer/errors.ts';
 import { ChunkCache } from '../../../src/host-agent/layer/chunk-cache.ts';
 import { RetainBudget, extractVerifiedLayer, fetchLayer, storeLayer, verifyLayer } from '../../../src/host-agent/layer/layer-transfer.ts';
-import { restoreLayer } from '../../../src/host-agent/layer/restore.ts';
+import { removeStaleStaging, restoreLayer } from '../../../src/host-agent/layer/restore.ts';
 import { ChunkStore, ChunkStoreError, sha256Digest } from '../../../src/store/chunk-store.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
 
@@ -350,10 +350,69 @@ describe('layer checkpoint through the chunk store', () => {
     writeFileSync(join(other, 'data.bin'), randomBytes(2 * MiB));
     const refused = (await storeLayer(other, store)).layer;
     const lying: LayerRef = { ...refused, size: refused.size - 1 };
-    const budget2 = new RetainBudget(64 * MiB);
+    let taken = 0; // pass 1 did keep chunks before it refused (the size is checked at the last one)
+    const budget2 = new (class extends RetainBudget {
+      override take(bytes: number): boolean {
+        const ok = super.take(bytes);
+        if (ok) taken += bytes;
+        return ok;
+      }
+    })(64 * MiB);
     expect(await reasonOf(verifyLayer(lying, store, { fetchWorker, cache, retain: budget2, digestOf: 'tar' }))).toBe('layer_size_mismatch');
+    expect(taken).toBeGreaterThan(0);
     expect(budget2.usedBytes).toBe(0);
     expect(refused.chunks.some((c) => cache.has(c.digest))).toBe(false);
+    // Without a cache nothing waits for a write: kept chunks are moved to the extraction, not copied.
+    const noCache = await verifyLayer(layer, store, { fetchWorker, retain: new RetainBudget(64 * MiB) });
+    expect(noCache.uncachedBytes).toBe(0);
+    await extractVerifiedLayer(noCache, store, join(work, 'restored-deferred-nocache'), { fetchWorker });
+    expect(noCache.retained.chunks.every((c) => c === undefined || c.length === 0)).toBe(true);
+    await noCache.release();
+    // release() before an extraction: the kept chunks are not used any more; it reads the cache.
+    const early = await verifyLayer(layer, store, { fetchWorker, cache, retain: new RetainBudget(64 * MiB) });
+    await early.release();
+    await extractVerifiedLayer(early, store, join(work, 'restored-deferred-late'), { fetchWorker, cache });
+    expect(readFileSync(join(work, 'restored-deferred-late', 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
+  });
+
+  it('extracts into an early staging dir while the target is made, renames it onto the target; a failed target or extraction leaves nothing', async () => {
+    const upper = join(work, 'upper-early');
+    mkdirSync(upper);
+    writeFileSync(join(upper, 'data.bin'), randomBytes(2 * MiB));
+    const { layer } = await storeLayer(upper, store);
+    const parent = join(work, 'overlay-root');
+    mkdirSync(parent);
+    const earlyStaging = { parent, prefix: '.sf-restore-h1-' };
+    const later = <T>(ms: number, value: () => T): Promise<T> => new Promise((resolve, reject) => setTimeout(() => {
+      try {
+        resolve(value());
+      } catch (err) {
+        reject(err as Error);
+      }
+    }, ms));
+    // The target appears (empty) only after a while, as a container's upper dir does.
+    const target = join(parent, 'layer-a', 'diff');
+    const verified = await verifyLayer(layer, store, {});
+    await extractVerifiedLayer(verified, store, later(300, () => (mkdirSync(target, { recursive: true }), target)), { earlyStaging });
+    expect(readFileSync(join(target, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
+    expect(readdirSync(parent).sort()).toEqual(['layer-a']);
+    // The target could not be made (a failed docker create): its error, nothing left behind.
+    await expect(extractVerifiedLayer(verified, store, later(100, () => {
+      throw new Error('create failed');
+    }), { earlyStaging })).rejects.toThrow('create failed');
+    expect(readdirSync(parent).sort()).toEqual(['layer-a']);
+    // The target is not empty by the time the extraction is done: refused, staging removed, target unchanged.
+    const busy = join(parent, 'layer-b', 'diff');
+    mkdirSync(busy, { recursive: true });
+    writeFileSync(join(busy, 'someone-else'), 'x');
+    expect(await reasonOf(extractVerifiedLayer(verified, store, busy, { earlyStaging }))).toBe('target_not_empty');
+    expect(readdirSync(parent).sort()).toEqual(['layer-a', 'layer-b']);
+    expect(readdirSync(busy)).toEqual(['someone-else']);
+    await verified.release();
+    // Stale staging dirs: only this prefix with a staging suffix is removed.
+    for (const n of ['.sf-restore-h1-0123456789ab', '.sf-restore-h2-0123456789ab', '.sf-restore-h1-notastaging', 'unrelated']) mkdirSync(join(parent, n, 'x'), { recursive: true });
+    expect(await removeStaleStaging(earlyStaging)).toEqual(['.sf-restore-h1-0123456789ab']);
+    expect(readdirSync(parent).sort()).toEqual(['.sf-restore-h1-notastaging', '.sf-restore-h2-0123456789ab', 'layer-a', 'layer-b', 'unrelated']);
   });
 
   it('refuses hostile layers before writing, and a non-empty target', async () => {

@@ -7,12 +7,12 @@
 // parsed agent configuration on the same real engine and store; so are version-2 checkpoints (issue
 // #17: a checkpoint reads only what changed since the last one of the container on this host).
 // The 1,000,000-entry and 1 GiB figures come from bench/restore-bounds/run.ts, not from here.
-import { appendFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { pino } from 'pino';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { DockerRuntime } from '../../../src/docker/runtime.ts';
 import { CommandOutcome, Heartbeat } from '../../../src/gen/sandboxfleet/v1/agent.ts';
 import { CliKind } from '../../../src/gen/sandboxfleet/v1/common.ts';
@@ -242,6 +242,43 @@ describe('configured limits and the chunk cache (CheckpointOps on the same engin
       expect(readFileSync(join(c.upperDir!, 'data/file-0.bin')).equals(readFileSync(join(upper, 'data/file-0.bin')))).toBe(true);
       expect(readFileSync(join(c.upperDir!, 'data/file-2.bin'), 'latin1').endsWith('one more line\n')).toBe(generation === 3);
     }
+  });
+
+  it('once it knows the overlay2 root, the agent extracts there while creating the container; stale staging dirs of its host are removed first', async () => {
+    const layer = await storeLayerBytes(store, filesLayer([3 * MiB, 1000]));
+    const manifest = testManifest('g-early', 'cp-1', layer, image.imageId);
+    await store.putManifest(manifest);
+    const root = join((await host!.docker.info()).DockerRootDir as string, 'overlay2');
+    const mine = join(root, `.sf-restore-${HOST}-0123456789ab`);
+    const theirs = join(root, '.sf-restore-other-host-0123456789ab');
+    for (const d of [mine, theirs]) mkdirSync(join(d, 'half-extracted'), { recursive: true });
+    const { ops } = opsWith({});
+    expect(await ops.stagingParent()).toBeUndefined();
+    // What is in the overlay2 root while the container is being created (made slow here).
+    const seenDuringCreate: string[][] = [];
+    const create = DockerRuntime.prototype.createMember;
+    const spy = vi.spyOn(DockerRuntime.prototype, 'createMember').mockImplementation(async function (this: DockerRuntime, ...args: Parameters<typeof create>) {
+      const made = await create.apply(this, args);
+      await new Promise((r) => setTimeout(r, 1_000));
+      seenDuringCreate.push(readdirSync(root).filter((n) => n.startsWith(`.sf-restore-${HOST}-`) && join(root, n) !== mine));
+      return made;
+    });
+    onTestFinished(() => spy.mockRestore());
+    for (const generation of [1, 2]) {
+      expect((await ops.restore(restoreCmd('g-early', manifest), generation)).verified).toBe(true);
+      // Learned from the first container: the second restore extracted there, the first next to its upper dir.
+      expect(await ops.stagingParent()).toBe(root);
+      const c = (await new DockerRuntime(host!.docker).listMembers('g-early')).find((m) => m.member?.placementGeneration === generation)!;
+      expect(readdirSync(join(c.upperDir!, 'data')).sort()).toEqual(['file-0.bin', 'file-1.bin']);
+      expect(readdirSync(dirname(c.upperDir!)).filter((n) => n.includes('restore'))).toEqual([]);
+    }
+    // The first restore extracted after its create; the second during it, in the overlay2 root.
+    expect(seenDuringCreate[0]).toEqual([]);
+    expect(seenDuringCreate[1]).toHaveLength(1);
+    expect(existsSync(mine)).toBe(false);
+    expect(existsSync(theirs)).toBe(true);
+    expect(readdirSync(root).filter((n) => n.startsWith(`.sf-restore-${HOST}-`))).toEqual([]);
+    rmSync(theirs, { recursive: true, force: true });
   });
 
   it('the extraction pass reads the chunk cache the validation pass filled; a group coming back fetches nothing; a corrupt cached chunk is fetched again', async () => {
