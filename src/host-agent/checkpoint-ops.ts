@@ -16,6 +16,7 @@
 // Anything less removes what was created and reports why: a refused layer is REFUSED with its data
 // reason (wire/agent-protocol.ts LayerDataReason: no host can restore it), a failure of this host is
 // FAILED with its own reason (layer/errors.ts restoreFailureOf).
+import { createHash } from 'node:crypto';
 import { basename, dirname } from 'node:path';
 import { decideStopCleanliness } from '../core/clean-stop.ts';
 import {
@@ -100,6 +101,8 @@ export class CheckpointOps {
    * first). Until then, or when that failed, extraction waits for the container.
    */
   private earlyStaging: Promise<EarlyStaging | undefined> | undefined;
+  /** The same once its stale dirs are gone (restores do not wait for that); undefined after EXDEV. */
+  private stagingReady: EarlyStaging | undefined;
 
   constructor(private readonly deps: CheckpointOpsDeps) {
     this.indexes = new CaptureIndexStore(this.layerRestore.indexDir ?? DEFAULT_LAYER_RESTORE_SETTINGS.indexDir!);
@@ -123,13 +126,26 @@ export class CheckpointOps {
     return (await this.earlyStaging)?.parent;
   }
 
-  /** Learn the overlay2 root from a container's upper dir (`<root>/<layer id>/diff`), once. */
+  /** Learn the overlay2 root from a container's upper dir (`<root>/overlay2/<layer id>/diff`), once. */
   private learnStaging(upper: string): void {
-    if (this.earlyStaging !== undefined || basename(upper) !== 'diff') return;
-    const early: EarlyStaging = { parent: dirname(dirname(upper)), prefix: `.sf-restore-${this.deps.hostId.replace(/[^A-Za-z0-9_.-]/g, '_')}-` };
+    const parent = dirname(dirname(upper));
+    if (this.earlyStaging !== undefined || basename(upper) !== 'diff' || basename(parent) !== 'overlay2') return;
+    // Host ids are DNS names; a long one is shortened so that every staging name fits NAME_MAX.
+    const hostId = this.deps.hostId;
+    const id = /^[a-z0-9.-]{1,64}$/.test(hostId) ? hostId : createHash('sha256').update(hostId).digest('hex').slice(0, 16);
+    const early: EarlyStaging = {
+      parent,
+      prefix: `.sf-restore-${id}-`,
+      crossDevice: () => {
+        if (this.stagingReady === undefined) return;
+        this.stagingReady = undefined;
+        this.deps.logger?.warn({ parent }, 'a staging dir in the overlay2 root cannot be renamed into a container (project quotas?); restores extract after creating the container');
+      },
+    };
     this.earlyStaging = removeStaleStaging(early).then(
       (removed) => {
-        if (removed.length > 0) this.deps.logger?.info({ removed, parent: early.parent }, 'removed staging dirs of restores interrupted earlier');
+        if (removed.length > 0) this.deps.logger?.info({ removed, parent }, 'removed staging dirs of restores interrupted earlier');
+        this.stagingReady = early;
         return early;
       },
       (err: unknown) => {
@@ -386,10 +402,11 @@ export class CheckpointOps {
       const members: RestoredMember[] = [];
       const problems: (SessionFileProblem & { memberId: string })[] = [];
       for (const [i, m] of manifest.members.entries()) {
+        let made: Promise<{ id: string; upper: string }> | undefined;
         try {
           // Extraction into a staging dir starts at once when the overlay2 root is known; the
           // container is created meanwhile and its upper dir replaced by the staging dir at the end.
-          const made = runtime.createMember({
+          made = runtime.createMember({
             groupId: manifest.groupId,
             memberId: m.memberId,
             cliKind: m.cliKind,
@@ -404,14 +421,15 @@ export class CheckpointOps {
             this.learnStaging(upper);
             return { id: c.id, upper };
           });
-          const earlyStaging = await this.earlyStaging;
-          await extractVerifiedLayer(verified[i]!, store, made.then((x) => x.upper), { ...layerOptions, earlyStaging }); // applied BEFORE any start (R-G5)
+          made.catch(() => undefined); // awaited below, and before any cleanup
+          await extractVerifiedLayer(verified[i]!, store, made.then((x) => x.upper), { ...layerOptions, earlyStaging: this.stagingReady }); // applied BEFORE any start (R-G5)
           const c = await made;
           const upper = c.upper;
           const found = [...(await proveSessionFiles(upper, m.nativeSessionPaths, m.savedLocator)), ...unnamedSessionProblem(m)];
           problems.push(...found.map((p) => ({ ...p, memberId: m.memberId })));
           members.push({ memberId: m.memberId, containerId: c.id, sessionFilesPresent: found.length === 0, missingPaths: found.map((p) => p.path) });
         } catch (err) {
+          await made?.catch(() => undefined); // its container, if any, is in `created` for the cleanup
           throw restoreError(m.memberId, err);
         }
       }

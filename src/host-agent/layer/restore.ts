@@ -17,7 +17,7 @@
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { once } from 'node:events';
-import { mkdir, readdir, rename, rmdir } from 'node:fs/promises';
+import { mkdir, readdir, rename } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { LayerDigestKind } from '../../core/checkpoint-manifest.ts';
 import { DEFAULT_LAYER_LIMITS, LayerRuleError, LayerValidator, OVERLAY_OPAQUE_XATTR, maxLayerStreamBytes, type LayerLimits } from '../../core/layer-rules.ts';
@@ -94,6 +94,8 @@ export interface EarlyStaging {
   readonly parent: string;
   /** Name prefix of the staging dirs (stale ones, e.g. after a crash, are found by it). */
   readonly prefix: string;
+  /** Called when a staging dir there could not be renamed onto the target (EXDEV). */
+  readonly crossDevice?: () => void;
 }
 
 /** The random part of a staging dir's name. */
@@ -305,29 +307,44 @@ export async function extractIntoTarget(source: LayerSource, scanned: ScannedLay
   const limits = options.limits ?? DEFAULT_LAYER_LIMITS;
   const passes = options.passes ?? WORKER_PASSES;
   const early = options.earlyStaging;
-  const target = early === undefined ? await targetDir : undefined;
-  if (target !== undefined) await assertEmptyOrAbsent(target);
+  const known = early === undefined ? await targetDir : undefined;
+  if (known !== undefined) await assertEmptyOrAbsent(known);
   const suffix = randomBytes(6).toString('hex');
-  const staging = early !== undefined ? join(early.parent, `${early.prefix}${suffix}`) : join(dirname(target!), `.${basename(target!)}.restore-${suffix}`);
-  await mkdir(staging, { mode: 0o700 });
+  const staging = early !== undefined ? join(early.parent, `${early.prefix}${suffix}`) : join(dirname(known!), `.${basename(known!)}.restore-${suffix}`);
   let committed = false;
+  let again: string | undefined;
+  let restored: RestoredLayer;
   try {
-    // Both settle before anything is decided: the staging dir is never removed under a running tar.
-    const [extracted, made] = await Promise.allSettled([passes.extract(opener(source)(), { expected, limits, staging, tarPath: options.tarPath ?? 'tar' }), Promise.resolve(targetDir)]);
+    // The staging dir and the target are made side by side, and both settle before anything is
+    // decided: the staging dir is never removed under a running tar, a target promise is always
+    // awaited (a container being created is the caller's to remove).
+    const extract = async (): Promise<RestoredLayer> => {
+      await mkdir(staging, { mode: 0o700 });
+      return passes.extract(opener(source)(), { expected, limits, staging, tarPath: options.tarPath ?? 'tar' });
+    };
+    const [extracted, made] = await Promise.allSettled([extract(), Promise.resolve(targetDir)]);
     if (made.status === 'rejected') throw made.reason;
     if (extracted.status === 'rejected') throw extracted.reason;
-    const restored = extracted.value;
+    restored = extracted.value;
     // Same bytes, same rules: anything else means the second read was not the first.
     if (restored.entries !== scanned.entries || restored.size !== scanned.size) {
       throw new LayerTransferError('layer_size_mismatch', `extraction saw ${restored.entries} entries / ${restored.size} bytes, validation ${scanned.entries} / ${scanned.size}`);
     }
-    if (await assertEmptyOrAbsent(made.value)) await rmdir(made.value);
-    await rename(staging, made.value);
-    committed = true;
-    return restored;
+    await assertEmptyOrAbsent(made.value);
+    try {
+      await rename(staging, made.value); // replaces an empty directory in one step
+    } catch (err) {
+      if (early === undefined || (err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
+      // Same mount, yet EXDEV: project quotas (overlay2.size) refuse a directory of another
+      // project. Early staging cannot work on this engine: extract again next to the target.
+      early.crossDevice?.();
+      again = made.value;
+    }
+    committed = again === undefined;
   } finally {
     if (!committed) await removeTree(staging);
   }
+  return again === undefined ? restored : extractIntoTarget(source, scanned, expected, again, { ...options, earlyStaging: undefined });
 }
 
 /**

@@ -7,8 +7,8 @@ import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { appendFileSync, chmodSync, chownSync, linkSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { dirname, join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { pack } from 'tar-stream';
 import { jetstream } from '@nats-io/jetstream';
 import type { NatsConnection } from '@nats-io/transport-node';
@@ -408,11 +408,23 @@ describe('layer checkpoint through the chunk store', () => {
     expect(await reasonOf(extractVerifiedLayer(verified, store, busy, { earlyStaging }))).toBe('target_not_empty');
     expect(readdirSync(parent).sort()).toEqual(['layer-a', 'layer-b']);
     expect(readdirSync(busy)).toEqual(['someone-else']);
+    // A staging parent that turns out to be elsewhere (EXDEV at the rename; in production, project
+    // quotas): told once, extracted again next to the target, nothing left in either place.
+    const shm = mkdtempSync(join('/dev/shm', 'sf-early-'));
+    onTestFinished(() => rmSync(shm, { recursive: true, force: true }));
+    let crossDevice = 0;
+    const elsewhere = join(parent, 'layer-c', 'diff');
+    mkdirSync(elsewhere, { recursive: true });
+    await extractVerifiedLayer(verified, store, elsewhere, { earlyStaging: { parent: shm, prefix: '.sf-restore-h1-', crossDevice: () => void (crossDevice += 1) } });
+    expect(crossDevice).toBe(1);
+    expect(readFileSync(join(elsewhere, 'data.bin')).equals(readFileSync(join(upper, 'data.bin')))).toBe(true);
+    expect(readdirSync(shm)).toEqual([]);
+    expect(readdirSync(dirname(elsewhere))).toEqual(['diff']);
     await verified.release();
     // Stale staging dirs: only this prefix with a staging suffix is removed.
     for (const n of ['.sf-restore-h1-0123456789ab', '.sf-restore-h2-0123456789ab', '.sf-restore-h1-notastaging', 'unrelated']) mkdirSync(join(parent, n, 'x'), { recursive: true });
     expect(await removeStaleStaging(earlyStaging)).toEqual(['.sf-restore-h1-0123456789ab']);
-    expect(readdirSync(parent).sort()).toEqual(['.sf-restore-h1-notastaging', '.sf-restore-h2-0123456789ab', 'layer-a', 'layer-b', 'unrelated']);
+    expect(readdirSync(parent).sort()).toEqual(['.sf-restore-h1-notastaging', '.sf-restore-h2-0123456789ab', 'layer-a', 'layer-b', 'layer-c', 'unrelated']);
   });
 
   it('refuses hostile layers before writing, and a non-empty target', async () => {
