@@ -13,6 +13,7 @@ import { pino } from 'pino';
 import { z } from 'zod';
 import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { StateStore, seedList } from '../../../src/store/connection.ts';
+import { StoreUnavailableError } from '../../../src/store/errors.ts';
 import { CONTROL_PLANE_BUCKETS } from '../../../src/control-plane/buckets.ts';
 import { startNatsCluster, type NatsCluster } from '../../support/nats-cluster.ts';
 
@@ -133,10 +134,23 @@ describe('state store on a 3-node NATS cluster', () => {
 
     writing = false;
     await writer;
-    // Every acknowledged write is there, with its value, read from the stream leader.
+    // Every acknowledged write is there, with its value, read from the stream leader. Right after
+    // the thaw the stream may still be settling ("JetStream system temporarily unavailable", seen in
+    // a CI run): unavailable is not lost, so a read is retried until it is answered (bounded).
+    const readAnswered = async (key: string): Promise<Awaited<ReturnType<typeof repo.get>>> => {
+      const until = Date.now() + 30_000;
+      for (;;) {
+        try {
+          return await repo.get(key);
+        } catch (err) {
+          if (!(err instanceof StoreUnavailableError) || Date.now() > until) throw err;
+          await sleep(250);
+        }
+      }
+    };
     const missing: string[] = [];
     for (const [key, n] of acked) {
-      const got = await repo.get(key);
+      const got = await readAnswered(key);
       if (got?.value.n !== n) missing.push(key);
     }
     expect(missing, `acknowledged writes lost (of ${acked.size}; ${failedWrites} unacknowledged attempts)`).toEqual([]);
