@@ -3,7 +3,8 @@
 // deduplicated uploads; and ordered, verified chunk fetches → restore in two passes (restore.ts):
 // verifyLayer validates everything, keeping chunks in memory within a budget and writing the rest to
 // the host's chunk cache; extractVerifiedLayer extracts from both; release() then caches the kept
-// ones too, off the restore's critical path. The manifest (written last, by the caller) carries the returned LayerRef.
+// ones too, off the restore's critical path. The manifest (written last, by the caller) carries the
+// returned LayerRef.
 import { chunkListDigest, type ChunkRef, type LayerDigestKind, type LayerRef } from '../../core/checkpoint-manifest.ts';
 import { DEFAULT_LAYER_LIMITS, type LayerLimits } from '../../core/layer-rules.ts';
 import { ChunkStoreError, DEFAULT_READ_IN_FLIGHT, type ChunkStore } from '../../store/chunk-store.ts';
