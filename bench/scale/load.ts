@@ -9,7 +9,11 @@
 //
 // Each heartbeat is the concatenation of two encoded Heartbeat messages (protobuf merges repeated
 // encodings of one message): the per-beat header and the host's inventory, encoded once — so this
-// process stays light and does not steal the 2-core machine's CPU from what it measures.
+// process stays light and does not steal the 2-core machine's CPU from what it measures. Like the
+// real agent (src/host-agent/inventory-elision.ts, where the tree has it), a host's unchanged
+// container entries go out in full every FULL_INVENTORY_EVERY_BEATS-th beat and are left out of
+// the others, named by their digest; the simulated inventories never change, so which beats carry
+// them is a count, and both encodings of each host's inventory are made once.
 //
 // IPC: parent → child `{ type: 'interval', ms } | { type: 'inventory', full } | { type: 'silence', host }
 // | { type: 'stats' } | { type: 'stop' }`; child → parent `registered`, `stats`, `error`.
@@ -67,7 +71,16 @@ async function main(): Promise<void> {
   send({ type: 'registered', seconds: (performance.now() - t0) / 1000, admitted });
 
   const now = Date.now();
-  const fullInventory = Array.from({ length: job.hosts }, (_, h) => Heartbeat.encode(Heartbeat.fromPartial({ inventory: inventoryOf(p, h, job.hosts, job.groups, now) })).finish());
+  const elision = p.inventoryElision;
+  const fullEvery = elision?.FULL_INVENTORY_EVERY_BEATS ?? 1;
+  const fullInventory: Uint8Array[] = [];
+  const omittedInventory: Uint8Array[] = [];
+  for (let h = 0; h < job.hosts; h++) {
+    const inventory = inventoryOf(p, h, job.hosts, job.groups, now);
+    const digest = elision?.containersDigest(inventory.containers);
+    fullInventory.push(Heartbeat.encode(Heartbeat.fromPartial({ inventory, ...(digest !== undefined ? { containersDigest: digest } : {}) })).finish());
+    omittedInventory.push(Heartbeat.encode(Heartbeat.fromPartial({ inventory: { ...inventory, containers: [] }, ...(digest !== undefined ? { containersDigest: digest, containersOmitted: true } : {}) })).finish());
+  }
   const emptyInventory = Heartbeat.encode(Heartbeat.fromPartial({ inventory: { containers: [], takenAtUnixMs: now } })).finish();
   let full = true;
   let interval = job.intervalMs;
@@ -86,7 +99,8 @@ async function main(): Promise<void> {
       hostId: hostId(h), hostEpoch: epochs[h]!, sequence: ++sequence[h]!, sentAtUnixMs: at,
       capacity: { usedMembers: perHost, maxMembers, diskFreeBytes: 400e9, memoryAvailableBytes: 64e9 },
     })).finish();
-    const inv = full ? fullInventory[h]! : emptyInventory;
+    // The host's first beat and every fullEvery-th after it carry the entries (sequence is 1-based).
+    const inv = !full ? emptyInventory : (sequence[h]! - 1) % fullEvery === 0 ? fullInventory[h]! : omittedInventory[h]!;
     const msg = new Uint8Array(header.length + inv.length);
     msg.set(header, 0);
     msg.set(inv, header.length);

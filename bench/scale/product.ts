@@ -5,6 +5,7 @@
 // so records, protobuf messages and the attestation's API SHA match the control plane they talk to.
 // Typed as this checkout's modules; an older tree is used only through what both have in common
 // (the ControlPlane options, StateStore.open, repositories, the agent protobuf messages).
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import type * as ConfigModule from '../../src/config/control-plane.ts';
@@ -14,6 +15,7 @@ import type * as RecordsModule from '../../src/control-plane/records.ts';
 import type * as StateModule from '../../src/control-plane/state.ts';
 import type * as SubjectsModule from '../../src/core/agent-subjects.ts';
 import type * as AgentProtoModule from '../../src/gen/sandboxfleet/v1/agent.ts';
+import type * as InventoryElisionModule from '../../src/host-agent/inventory-elision.ts';
 import type * as ApiShaModule from '../../src/gen/api-sha.ts';
 import type * as LoggerModule from '../../src/observability/logger.ts';
 import type * as MetricsModule from '../../src/observability/metrics.ts';
@@ -37,6 +39,8 @@ export interface Product {
   readonly metrics: typeof MetricsModule;
   readonly chunkStore: typeof ChunkStoreModule;
   readonly connection: typeof ConnectionModule;
+  /** How the agent leaves unchanged container entries out of its beats; absent in trees before it (every beat carries them). */
+  readonly inventoryElision: typeof InventoryElisionModule | undefined;
 }
 
 export async function loadProduct(root: string = THIS_ROOT): Promise<Product> {
@@ -56,5 +60,6 @@ export async function loadProduct(root: string = THIS_ROOT): Promise<Product> {
     metrics: await load('src/observability/metrics.ts'),
     chunkStore: await load('src/store/chunk-store.ts'),
     connection: await load('src/store/connection.ts'),
+    inventoryElision: existsSync(join(abs, 'src/host-agent/inventory-elision.ts')) ? await load('src/host-agent/inventory-elision.ts') : undefined,
   };
 }

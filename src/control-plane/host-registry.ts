@@ -19,6 +19,10 @@
 // The container entries' bytes are compared with the host's previous ones and, when identical,
 // their earlier decoding is reused (identical bytes decode to identical values); everything else in
 // the message is decoded every time, and any unusual message shape takes the plain full decode.
+// Agents go further and leave unchanged entries out of most beats, naming them by their SHA-256
+// (host-agent/inventory-elision.ts): the entries held under that digest (computed here, never
+// taken from the agent) are reused, and a beat naming entries this replica does not hold records
+// none — unknown, not "gone" — until the next beat that carries them (at least every 15th).
 // A fenced report (an epoch that is not the host's live one: a zombie back from a freeze or a
 // partition) is counted, recorded as an event and answered with a FencedNotice: the agent stops
 // taking commands of that epoch and registers again (R-H6).
@@ -27,6 +31,7 @@
 // missing from a listing (R-R6).
 // Leases (R-H4): registration decides the epoch's lease policy (fixed end reported by the host,
 // renewable term from config; see hosts.ts) and an accepted heartbeat renews a renewable term.
+import { createHash } from 'node:crypto';
 import { BinaryReader } from '@bufbuild/protobuf/wire';
 import { jetstream } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
@@ -76,6 +81,8 @@ const MAX_CONTAINERS = 2048;
 /** A host's last decoded inventory: its container entries as they arrived, and what they decode to. */
 interface RememberedInventory {
   readonly bytes: Uint8Array;
+  /** SHA-256 of `bytes`: a beat that leaves its containers out names them by it. */
+  readonly digest: Buffer;
   readonly containers: ContainerInfo[];
   /** The bounded snapshots of `containers`, made at the first heartbeat that used them. */
   snapshots?: ContainerSnapshot[];
@@ -227,6 +234,8 @@ export class HostRegistry {
   }
 
   #record(subjectHostId: string, hb: Heartbeat): 'accepted' | 'stale' {
+    // Containers left out and not held (decodeHeartbeat) are recorded as none listed, which proves
+    // nothing: heartbeat evidence is only ever used to say "yes, still running" (liveEvidence).
     const record: HeartbeatRecord = {
       hostId: hb.hostId, epoch: hb.hostEpoch, sequence: hb.sequence, receivedAtMs: this.ctx.now(),
       usedMembers: hb.capacity?.usedMembers ?? 0, maxMembers: hb.capacity?.maxMembers ?? 0, containers: this.#snapshots(subjectHostId, hb),
@@ -404,26 +413,45 @@ export class HostRegistry {
   /**
    * `Heartbeat.decode(data)`, reusing the decoded containers of `hostId`'s previous heartbeat when
    * this one's container entries are byte for byte the same (the usual case: an inventory changes
-   * when a container does). The rest of the message — and the inventory's other fields — is decoded
-   * from its own bytes each time, so the result equals a full decode. A message whose shape the fast
-   * path does not handle (no inventory or several, groups, malformed data) is decoded in full, which
-   * also decides whether it is undecodable.
+   * when a container does), or when the agent left them out and named them by the digest of the
+   * entries remembered (inventory-elision.ts). The rest of the message — and the inventory's other
+   * fields — is decoded from its own bytes each time, so the result equals a full decode of the
+   * beat as the agent would have sent it in full. A beat that left out entries this replica does not
+   * hold keeps an empty container list, which `#record` reports as unknown. A message whose shape the
+   * fast path does not handle (no inventory or several, groups, malformed data) is decoded in full,
+   * which also decides whether it is undecodable.
    */
   decodeHeartbeat(hostId: string, data: Uint8Array): Heartbeat {
     const split = splitInventory(data);
     const known = this.#inventories.get(hostId);
-    if (split !== undefined && known !== undefined && Buffer.compare(split.containers, known.bytes) === 0) {
+    if (split !== undefined && known !== undefined && split.containers.length > 0 && Buffer.compare(split.containers, known.bytes) === 0) {
       const beat = Heartbeat.decode(split.rest);
       beat.inventory = { ...Inventory.decode(split.inventoryRest), containers: known.containers };
+      this.ctx.metrics.heartbeatContainers.inc({ how: 'repeated' });
       return beat;
     }
     const beat = Heartbeat.decode(data);
-    if (split !== undefined && beat.inventory !== undefined) {
-      this.#inventories.delete(hostId);
-      // A copy: the message's bytes may share a larger read buffer.
-      this.#inventories.set(hostId, { bytes: split.containers.slice(), containers: beat.inventory.containers });
-      if (this.#inventories.size > MAX_REMEMBERED_INVENTORIES) this.#inventories.delete(this.#inventories.keys().next().value as string);
+    if (beat.containersOmitted) {
+      const reused = beat.inventory !== undefined && beat.inventory.containers.length === 0 && known !== undefined && known.digest.equals(beat.containersDigest);
+      // Entries sent along with the flag anyway are not trusted either way: unknown is unknown.
+      if (beat.inventory !== undefined) beat.inventory = { ...beat.inventory, containers: reused ? known!.containers : [] };
+      this.ctx.metrics.heartbeatContainers.inc({ how: reused ? 'reused' : 'unknown' });
+      return beat;
     }
+    if (split !== undefined && beat.inventory !== undefined) {
+      const digest = createHash('sha256').update(split.containers).digest();
+      // The agent's digest of the same entries must be ours, or its later omissions could name
+      // entries we do not hold: such a host is not remembered (its beats then cost a full decode).
+      this.#inventories.delete(hostId);
+      if (beat.containersDigest.length === 0 || digest.equals(beat.containersDigest)) {
+        // A copy: the message's bytes may share a larger read buffer.
+        this.#inventories.set(hostId, { bytes: split.containers.slice(), digest, containers: beat.inventory.containers });
+        if (this.#inventories.size > MAX_REMEMBERED_INVENTORIES) this.#inventories.delete(this.#inventories.keys().next().value as string);
+      } else {
+        this.ctx.logger.warn({ hostId }, 'heartbeat containers digest differs from the control plane\'s own: not remembered');
+      }
+    }
+    this.ctx.metrics.heartbeatContainers.inc({ how: 'decoded' });
     return beat;
   }
 

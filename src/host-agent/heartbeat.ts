@@ -12,6 +12,7 @@ import { DOCKER_DATA_LOST_NOTICE } from '../core/host-notice.ts';
 import { Heartbeat, ReclaimNotice } from '../gen/sandboxfleet/v1/agent.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { HostHealth } from './host-health.ts';
+import { InventoryElision } from './inventory-elision.ts';
 import type { AgentMetrics } from './metrics.ts';
 
 export interface HeartbeaterDeps {
@@ -24,6 +25,8 @@ export interface HeartbeaterDeps {
   readonly logger: Logger;
   readonly metrics: AgentMetrics;
   readonly nowMs: () => number;
+  /** Beats at most between two that carry the inventory's containers (default: inventory-elision.ts). */
+  readonly fullInventoryEvery?: number;
 }
 
 const MAX_NOTICE_FILE_BYTES = 4096;
@@ -39,8 +42,11 @@ export class Heartbeater {
   /** The notice went out on the notice subject (it stays in every heartbeat regardless). */
   private noticeAnnounced = false;
   private dataLossAnnounced = false;
+  private readonly elision: InventoryElision;
 
-  constructor(private readonly deps: HeartbeaterDeps) {}
+  constructor(private readonly deps: HeartbeaterDeps) {
+    this.elision = new InventoryElision(deps.fullInventoryEvery);
+  }
 
   start(): void {
     if (this.timer !== undefined) return;
@@ -97,20 +103,26 @@ export class Heartbeater {
       this.publishNotice({ source: DOCKER_DATA_LOST_NOTICE, deadlineUnixMs: 0, hostEpoch: epoch });
     }
     this.sequence += 1;
+    // Unchanged container entries are left out and named by their digest (inventory-elision.ts).
+    const containers = snap.inventory === undefined ? undefined : this.elision.next(epoch, snap.inventory);
     const hb: Heartbeat = {
       hostId: deps.hostId,
       hostEpoch: epoch,
       sequence: this.sequence,
       sentAtUnixMs: deps.nowMs(),
-      inventory: snap.inventory,
+      inventory: containers?.inventory,
       capacity: snap.capacity,
       dockerDataLost: snap.dataLost,
       reclaimNotice: this.notice === undefined ? undefined : { ...this.notice, hostEpoch: epoch },
+      containersDigest: containers?.containersDigest ?? Buffer.alloc(0),
+      containersOmitted: containers?.containersOmitted ?? false,
     };
     try {
       deps.nc.publish(AgentSubjects.heartbeat(deps.hostId), Heartbeat.encode(hb).finish());
       deps.metrics.heartbeats.inc({ result: snap.inventory === undefined ? 'engine_unreachable' : 'ok' });
     } catch (err) {
+      // Not sent: the next beat carries the containers whatever they are.
+      this.elision.forget();
       deps.metrics.heartbeats.inc({ result: 'publish_failed' });
       deps.logger.warn({ err }, 'heartbeat publish failed');
     }

@@ -57,6 +57,12 @@ export class FleetMetrics {
   /** Checkpoints retaken for groups that stayed cleanly stopped (R-G4 age), by result. */
   readonly checkpointRefreshes: Counter<'result'>;
   readonly fencedReports: Counter<'kind'>;
+  /**
+   * Heartbeats by how their container entries became known: `decoded` (carried, new bytes),
+   * `repeated` (carried, the same bytes as the host's previous ones), `reused` (left out by the
+   * agent, digest held), `unknown` (left out, digest not held: unknown until the next full beat).
+   */
+  readonly heartbeatContainers: Counter<'how'>;
   readonly casConflicts: Counter<'bucket'>;
   /** Checkpoint GC passes by result (swept, deferred: a checkpoint was in progress, idle: nothing due). */
   readonly gcPasses: Counter<'result'>;
@@ -122,6 +128,7 @@ export class FleetMetrics {
     this.locatorMismatches = new Counter({ name: 'sandboxfleet_locator_mismatches_total', help: 'Locator mismatches refused, by phase (begin/end)', labelNames: ['phase'], registers });
     this.slotReclaims = new Counter({ name: 'sandboxfleet_member_slot_reclaims_total', help: 'Member containers restarted before a RESTORED turn to end a process whose exit was not confirmed', labelNames: ['outcome'], registers });
     this.checkpointRefreshes = new Counter({ name: 'sandboxfleet_checkpoint_refreshes_total', help: 'Checkpoints retaken for groups that stayed cleanly stopped, before they age past the maximum, by result', labelNames: ['result'], registers });
+    this.heartbeatContainers = new Counter({ name: 'sandboxfleet_heartbeat_containers_total', help: 'Heartbeats by how their container entries became known: decoded, repeated (same bytes as before), reused (left out by the agent, digest held), unknown (left out, digest not held)', labelNames: ['how'], registers });
     this.fencedReports = new Counter({ name: 'sandboxfleet_fenced_reports_total', help: 'Agent reports or acks rejected for a stale epoch or placement generation', labelNames: ['kind'], registers });
     this.gcPasses = new Counter({ name: 'sandboxfleet_checkpoint_gc_passes_total', help: 'Checkpoint GC passes, by result (swept, deferred while a checkpoint was in progress, idle)', labelNames: ['result'], registers });
     this.gcDeleted = new Counter({ name: 'sandboxfleet_checkpoint_gc_deleted_total', help: 'Checkpoints and chunks deleted by checkpoint GC', labelNames: ['kind'], registers });

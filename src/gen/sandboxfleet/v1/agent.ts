@@ -446,7 +446,22 @@ export interface Heartbeat {
    * unless it has a recoverable checkpoint (R-G6).
    */
   dockerDataLost: boolean;
-  reclaimNotice?: ReclaimNotice | undefined;
+  reclaimNotice?:
+    | ReclaimNotice
+    | undefined;
+  /**
+   * SHA-256 of the inventory's container entries as encoded: every Inventory field 1, in order,
+   * tags included (what `Inventory.encode({containers})` writes). Set whenever inventory is.
+   */
+  containersDigest: Buffer;
+  /**
+   * The inventory's containers are left out of this beat: they are byte for byte those of the
+   * agent's latest beat that carried them, whose digest is containers_digest (the agent still
+   * lists its engine every beat and sends them again when they change, after a new epoch, and at
+   * least every few beats). A control plane that does not hold those entries treats the beat's
+   * containers as unknown, never as "none".
+   */
+  containersOmitted: boolean;
 }
 
 /** Container parameters for one member. */
@@ -2686,6 +2701,8 @@ function createBaseHeartbeat(): Heartbeat {
     capacity: undefined,
     dockerDataLost: false,
     reclaimNotice: undefined,
+    containersDigest: Buffer.alloc(0),
+    containersOmitted: false,
   };
 }
 
@@ -2714,6 +2731,12 @@ export const Heartbeat: MessageFns<Heartbeat> = {
     }
     if (message.reclaimNotice !== undefined) {
       ReclaimNotice.encode(message.reclaimNotice, writer.uint32(66).fork()).join();
+    }
+    if (message.containersDigest.length !== 0) {
+      writer.uint32(74).bytes(message.containersDigest);
+    }
+    if (message.containersOmitted !== false) {
+      writer.uint32(80).bool(message.containersOmitted);
     }
     return writer;
   },
@@ -2795,6 +2818,22 @@ export const Heartbeat: MessageFns<Heartbeat> = {
             message.reclaimNotice = ReclaimNotice.decode(reader, reader.uint32());
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.containersDigest = Buffer.from(reader.bytes());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.containersOmitted = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2837,6 +2876,16 @@ export const Heartbeat: MessageFns<Heartbeat> = {
         : isSet(object.reclaim_notice)
         ? ReclaimNotice.fromJSON(object.reclaim_notice)
         : undefined,
+      containersDigest: isSet(object.containersDigest)
+        ? Buffer.from(bytesFromBase64(object.containersDigest))
+        : isSet(object.containers_digest)
+        ? Buffer.from(bytesFromBase64(object.containers_digest))
+        : Buffer.alloc(0),
+      containersOmitted: isSet(object.containersOmitted)
+        ? globalThis.Boolean(object.containersOmitted)
+        : isSet(object.containers_omitted)
+        ? globalThis.Boolean(object.containers_omitted)
+        : false,
     };
   },
 
@@ -2866,6 +2915,12 @@ export const Heartbeat: MessageFns<Heartbeat> = {
     if (message.reclaimNotice !== undefined) {
       obj.reclaimNotice = ReclaimNotice.toJSON(message.reclaimNotice);
     }
+    if (message.containersDigest.length !== 0) {
+      obj.containersDigest = base64FromBytes(message.containersDigest);
+    }
+    if (message.containersOmitted !== false) {
+      obj.containersOmitted = message.containersOmitted;
+    }
     return obj;
   },
 
@@ -2888,6 +2943,8 @@ export const Heartbeat: MessageFns<Heartbeat> = {
     message.reclaimNotice = (object.reclaimNotice !== undefined && object.reclaimNotice !== null)
       ? ReclaimNotice.fromPartial(object.reclaimNotice)
       : undefined;
+    message.containersDigest = object.containersDigest ?? Buffer.alloc(0);
+    message.containersOmitted = object.containersOmitted ?? false;
     return message;
   },
 };
