@@ -82,8 +82,11 @@ async function main(): Promise<void> {
   const nc = await p.connection.connectNats({ servers: job.natsUrl, name: job.replicaId });
   const store = await p.connection.StateStore.open(nc, { buckets: p.buckets.CONTROL_PLANE_BUCKETS });
   const chunks = await p.chunkStore.ChunkStore.open(nc);
+  // As cmd/control-plane wires it, where the tree has it: heartbeats on their own connection, read in batches.
+  const readBatchMs = (p.controlPlane as { HEARTBEAT_READ_BATCH_MS?: number }).HEARTBEAT_READ_BATCH_MS;
+  const heartbeatNc = readBatchMs !== undefined ? await p.connection.connectNats({ servers: job.natsUrl, name: `${job.replicaId}-heartbeats`, readBatchMs }) : undefined;
   const plane = new p.controlPlane.ControlPlane({
-    config: controlPlaneConfig(p, job.liveness, job.overrides), nc, store, chunks, metrics: new p.metrics.FleetMetrics(),
+    config: controlPlaneConfig(p, job.liveness, job.overrides), nc, ...(heartbeatNc !== undefined ? { heartbeatNc } : {}), store, chunks, metrics: new p.metrics.FleetMetrics(),
     logger: p.logger.createLogger({ name: job.replicaId, level: job.logLevel }), apiSha: p.apiSha.API_SHA, replicaId: job.replicaId,
   });
   // The pre-read-model control plane has no `fleet` (and a synchronous start()).

@@ -15,7 +15,7 @@ import { BUILD_SHA_ENV, resolveBuildSha } from '../../src/config/build-sha.ts';
 import { grpcSecurityProblem, loadControlPlaneConfig, type ControlPlaneConfig } from '../../src/config/control-plane.ts';
 import { LeaseElector } from '../../src/kube/lease-elector.ts';
 import { NodeWatcher, loadKubeConfig } from '../../src/kube/node-watcher.ts';
-import { CONTROL_PLANE_BUCKETS, ControlPlane } from '../../src/control-plane/index.ts';
+import { CONTROL_PLANE_BUCKETS, ControlPlane, HEARTBEAT_READ_BATCH_MS } from '../../src/control-plane/index.ts';
 import { createLogger } from '../../src/observability/logger.ts';
 import { FleetMetrics } from '../../src/observability/metrics.ts';
 import { startOpsServer } from '../../src/observability/http-server.ts';
@@ -76,7 +76,10 @@ async function main(): Promise<void> {
     });
     natsUrl = embedded.url;
   }
-  const nc = await connectNats({ servers: natsUrl, name: `control-plane-${replicaId}`, logger, waitOnFirstConnect: true, auth: { credsFile: config.natsCredsFile, caFile: config.natsCaFile } });
+  const natsAuth = { credsFile: config.natsCredsFile, caFile: config.natsCaFile };
+  const nc = await connectNats({ servers: natsUrl, name: `control-plane-${replicaId}`, logger, waitOnFirstConnect: true, auth: natsAuth });
+  // Heartbeats on their own connection, read every HEARTBEAT_READ_BATCH_MS (ControlPlaneOptions.heartbeatNc).
+  const heartbeatNc = await connectNats({ servers: natsUrl, name: `control-plane-${replicaId}-heartbeats`, logger, waitOnFirstConnect: true, auth: natsAuth, readBatchMs: HEARTBEAT_READ_BATCH_MS });
   const store = await StateStore.open(nc, { replicas: config.storeReplicas as 1 | 3 | 5, buckets: CONTROL_PLANE_BUCKETS, logger });
   const chunks = await ChunkStore.open(nc, { replicas: config.storeReplicas });
   await store.events.append({
@@ -93,7 +96,7 @@ async function main(): Promise<void> {
   const elector = config.leaderElection === 'kubernetes-lease'
     ? new LeaseElector({ kubeConfig: loadKubeConfig(config.kubernetesNodes.startsWith('/') ? { kubeconfig: config.kubernetesNodes } : 'in-cluster'), namespace: config.leaseNamespace, name: config.leaseName, identity: replicaId, leaseDurationSeconds: config.leaseDurationSeconds, logger: logger.child({ component: 'leader' }) })
     : undefined;
-  const plane = new ControlPlane({ config, nc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: build.sha, replicaId, ...(elector !== undefined ? { elector } : {}) });
+  const plane = new ControlPlane({ config, nc, heartbeatNc, store, chunks, metrics, logger, apiSha: API_SHA, buildSha: build.sha, replicaId, ...(elector !== undefined ? { elector } : {}) });
   await plane.start();
   // R-H5/R-I6: Nodes that are going away drain their hosts (the leader acts; see src/kube).
   const nodes = config.kubernetesNodes === 'off' ? undefined : new NodeWatcher({
@@ -118,7 +121,7 @@ async function main(): Promise<void> {
     host: config.httpHost,
     port: config.httpPort,
     registry: metrics.registry,
-    readiness: async () => (nc.isClosed() ? 'NATS connection closed' : undefined),
+    readiness: async () => (nc.isClosed() || heartbeatNc.isClosed() ? 'NATS connection closed' : undefined),
   });
   logger.info({
     ops: ops.url, grpc: api.address, grpcSecurity: security.mode, roleByCa: security.mode === 'mtls' && security.mtls.roleCas !== undefined,
@@ -137,6 +140,7 @@ async function main(): Promise<void> {
     // 2. Stop the loops and resign leadership, so another replica takes over at once.
     await plane.stop().catch((err: unknown) => logger.warn({ err }, 'control plane stop failed'));
     await ops.close();
+    await heartbeatNc.drain().catch((err: unknown) => logger.warn({ err }, 'NATS drain failed (heartbeats)'));
     await nc.drain().catch((err: unknown) => logger.warn({ err }, 'NATS drain failed'));
     await embedded?.stop();
     logger.info('stopped');

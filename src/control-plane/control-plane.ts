@@ -48,9 +48,22 @@ import { ProtectionIndex } from './protection.ts';
 import { SpotEvacuator } from './spot-evacuation.ts';
 import { Keys, openRepositories, type ControlPlaneDeps, type Repositories } from './state.ts';
 
+/**
+ * How often the heartbeat connection's socket is read (ControlPlaneOptions.heartbeatNc): 1,000 hosts
+ * beating every 2 s are then ten reads a second, not up to 500, each a wake-up of the process; a
+ * beat waits at most this long, against a liveness TTL of seconds.
+ */
+export const HEARTBEAT_READ_BATCH_MS = 100;
+
 export interface ControlPlaneOptions {
   readonly config: ControlPlaneConfig;
   readonly nc: NatsConnection;
+  /**
+   * The connection heartbeats are taken in on; default `nc`. The product gives them their own,
+   * read in batches (connection.ts readBatchMs): nobody waits on a heartbeat, and each read of a
+   * busy connection wakes the process.
+   */
+  readonly heartbeatNc?: NatsConnection;
   readonly store: StateStore<ControlPlaneBuckets>;
   readonly chunks: ChunkStore;
   readonly metrics: FleetMetrics;
@@ -89,6 +102,12 @@ const GOING_AWAY = new Set<HostRecord['lifecycle']['state']>(['DRAINING', 'DEAD'
  * bounded by migrationParallelism inside the controller (bench/scale: host DEAD → 100 decisions).
  */
 const GROUP_QUEUE_WORKERS = 32;
+/**
+ * Each steady host falls due about once per heartbeat TTL (liveness-loop.ts), 100 a second at 1,000
+ * hosts: due times on a 250-ms step make that four timer firings a second, not one per host, for a
+ * liveness verdict at most 250 ms later.
+ */
+const HOST_DUE_STEP_MS = 250;
 const groupWorkers = (migrationParallelism: number): number => Math.max(migrationParallelism, GROUP_QUEUE_WORKERS);
 
 export class ControlPlane {
@@ -186,7 +205,7 @@ export class ControlPlane {
       const next = await this.liveness.reconcileHost(hostId);
       await this.controller.reconcileDrainingHost(hostId);
       return next;
-    }, { concurrency: 8, onError: onError('hosts'), now });
+    }, { concurrency: 8, onError: onError('hosts'), now, dueStepMs: HOST_DUE_STEP_MS });
     this.#groupQueue = new KeyedQueue(async (groupId) => {
       if (!this.#leaseTrusted()) return { requeueAfterMs: opts.config.reconcileIntervalMs };
       opts.metrics.reconciles.inc({ queue: 'groups', result: 'ok' });
@@ -202,14 +221,21 @@ export class ControlPlane {
   /** Follow the store into the read model, serve registrations/heartbeats, start the leader loop. */
   async start(): Promise<void> {
     await this.fleet.start();
-    this.registry.start(this.opts.nc);
+    this.registry.start(this.opts.nc, this.opts.heartbeatNc);
     this.probes.start();
-    void (async () => {
-      for await (const s of this.opts.nc.status()) {
-        if (s.type === 'disconnect') this.liveness.natsAvailable(false);
-        if (s.type === 'reconnect') this.liveness.natsAvailable(true);
+    // Liveness verdicts are suspended while EITHER connection is down: heartbeats missed on a lost
+    // heartbeat connection say nothing about the hosts.
+    const down = new Set<NatsConnection>();
+    const follow = (nc: NatsConnection): void => void (async () => {
+      for await (const s of nc.status()) {
+        if (s.type === 'disconnect') down.add(nc);
+        else if (s.type === 'reconnect') down.delete(nc);
+        else continue;
+        this.liveness.natsAvailable(down.size === 0);
       }
     })().catch(() => undefined);
+    follow(this.opts.nc);
+    if (this.opts.heartbeatNc !== undefined && this.opts.heartbeatNc !== this.opts.nc) follow(this.opts.heartbeatNc);
     if (this.opts.autoReconcile ?? true) this.#schedule();
   }
 

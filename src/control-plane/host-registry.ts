@@ -22,7 +22,10 @@
 // Agents go further and leave unchanged entries out of most beats, naming them by their SHA-256
 // (host-agent/inventory-elision.ts): the entries held under that digest (computed here, never
 // taken from the agent) are reused, and a beat naming entries this replica does not hold records
-// none — unknown, not "gone" — until the next beat that carries them (at least every 15th).
+// none — unknown, not "gone" — until the next beat that carries them (at least every 15th). Such a
+// beat is told apart by one scan of its top-level fields (wire/heartbeat-bytes.ts) and decoded
+// whole, being small. A beat that calls for no write (the usual one: a READY host, its lease not
+// due, no notice) is done once it is in memory; it starts no per-host write task.
 // A fenced report (an epoch that is not the host's live one: a zombie back from a freeze or a
 // partition) is counted, recorded as an event and answered with a FencedNotice: the agent stops
 // taking commands of that epoch and registers again (R-H6).
@@ -32,7 +35,6 @@
 // Leases (R-H4): registration decides the epoch's lease policy (fixed end reported by the host,
 // renewable term from config; see hosts.ts) and an accepted heartbeat renews a renewable term.
 import { createHash } from 'node:crypto';
-import { BinaryReader } from '@bufbuild/protobuf/wire';
 import { jetstream } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import type { NatsConnection, Subscription } from '@nats-io/transport-node';
@@ -61,6 +63,7 @@ import { HostState } from '../gen/sandboxfleet/v1/common.ts';
 import { DEFAULT_BUCKETS } from '../store/connection.ts';
 import { RecordInvalidError } from '../store/errors.ts';
 import { KvRepository } from '../store/kv-repository.ts';
+import { omitsContainers, splitInventory } from '../wire/heartbeat-bytes.ts';
 import { HostLeasePolicySchema, applyHostEvent, leasePolicyFor, leaseTermEnd, recordLeasePolicy, renewLease, renewalFor, type HostLeasePolicy } from './hosts.ts';
 import type { ContainerSnapshot, HeartbeatRecord, HostRecord } from './records.ts';
 import { Keys, type ControlPlaneDeps } from './state.ts';
@@ -149,6 +152,8 @@ export class HostRegistry {
   readonly #fencedAt = new Map<string, number>();
   /** Per host (by subject), its last inventory: reused while the next ones repeat its bytes. */
   readonly #inventories = new Map<string, RememberedInventory>();
+  /** Host ids of the heartbeat subjects seen (valid ones only), bounded like #inventories. */
+  readonly #subjectHosts = new Map<string, string>();
   #nc: NatsConnection | undefined;
 
   /** `leases`: the sf_host_leases repository; when omitted, start() opens it on its connection. */
@@ -165,13 +170,25 @@ export class HostRegistry {
     return this.#leases;
   }
 
-  /** Subscribe to registrations, heartbeats and notices (queue group: one replica handles each). */
-  start(nc: NatsConnection): void {
+  /**
+   * Subscribe to registrations, heartbeats and notices (queue group: one replica handles each).
+   * Heartbeats are taken in on `heartbeatNc` when given (its own connection, read in batches).
+   */
+  start(nc: NatsConnection, heartbeatNc: NatsConnection = nc): void {
     this.#leases ??= openLeasePolicies(nc);
     this.#nc = nc;
     const reg = nc.subscribe(AgentSubjects.register, { queue: QUEUE });
-    // No queue group: every replica keeps every host's latest heartbeat in its read model.
-    const hb = nc.subscribe(AgentSubjects.allHeartbeats);
+    // No queue group: every replica keeps every host's latest heartbeat in its read model. A callback,
+    // not an async iterator: 500 beats a second each handled at once, without a promise per beat.
+    // Nothing may throw out of it: the error would surface in the connection's own reading.
+    const hb = heartbeatNc.subscribe(AgentSubjects.allHeartbeats, { callback: (err, m) => {
+      if (err !== null) return;
+      try {
+        this.#onHeartbeat(m.subject, m.data);
+      } catch (error) {
+        this.ctx.logger.warn({ err: error }, 'heartbeat handling failed');
+      }
+    } });
     const notices = nc.subscribe(AgentSubjects.allNotices, { queue: QUEUE });
     this.#subs.push(reg, hb, notices);
     void (async () => {
@@ -182,24 +199,6 @@ export class HostRegistry {
         } catch (err) {
           this.ctx.logger.warn({ err }, 'registration failed');
         }
-      }
-    })();
-    void (async () => {
-      for await (const m of hb) {
-        const hostId = hostIdFromSubject(m.subject);
-        if (hostId === undefined) continue;
-        let beat: Heartbeat;
-        try {
-          beat = this.decodeHeartbeat(hostId, m.data);
-        } catch (err) {
-          this.ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
-          this.ctx.logger.warn({ err, hostId }, 'undecodable heartbeat dropped');
-          continue;
-        }
-        // A beat of the live epoch is in memory now; what it calls for is written per host, coalesced.
-        const recorded = this.#recordIfLive(hostId, beat);
-        if (recorded === 'stale') continue;
-        this.#queueWrites(hostId, { beat, recorded: recorded === 'accepted' });
       }
     })();
     void (async () => {
@@ -215,6 +214,26 @@ export class HostRegistry {
     })();
   }
 
+  /** One heartbeat as it arrives: decoded, recorded in the read model when live, its writes queued. */
+  #onHeartbeat(subject: string, data: Uint8Array): void {
+    const hostId = this.#hostIdOf(subject);
+    if (hostId === undefined) return;
+    let beat: Heartbeat;
+    try {
+      beat = this.decodeHeartbeat(hostId, data);
+    } catch (err) {
+      this.ctx.metrics.fencedReports.inc({ kind: 'heartbeat' });
+      this.ctx.logger.warn({ err, hostId }, 'undecodable heartbeat dropped');
+      return;
+    }
+    // A beat of the live epoch is in memory now; what it calls for is written per host, coalesced.
+    const recorded = this.#recordIfLive(hostId, beat);
+    if (recorded === 'stale') return;
+    // The usual beat calls for no write at all, and costs no per-host write task either.
+    if (recorded !== undefined && !this.#writesDue(recorded.host, beat)) return;
+    this.#queueWrites(hostId, { beat, recorded: recorded !== undefined });
+  }
+
   async stop(): Promise<void> {
     for (const s of this.#subs) s.unsubscribe();
     this.#subs.length = 0;
@@ -226,11 +245,35 @@ export class HostRegistry {
    * Record `hb` in the read model now when the model shows its epoch as the host's live one;
    * undefined when the model cannot tell (the per-host path checks the store and fences).
    */
-  #recordIfLive(subjectHostId: string, hb: Heartbeat): 'accepted' | 'stale' | undefined {
+  #recordIfLive(subjectHostId: string, hb: Heartbeat): { host: HostRecord } | 'stale' | undefined {
     if (hb.hostId !== subjectHostId) return undefined;
     const host = this.ctx.fleet.host(Keys.host(subjectHostId))?.value;
     if (host === undefined || host.lifecycle.epoch !== hb.hostEpoch || host.lifecycle.state === 'DEAD' || host.lifecycle.state === 'REMOVED') return undefined;
-    return this.#record(subjectHostId, hb);
+    return this.#record(subjectHostId, hb) === 'stale' ? 'stale' : { host };
+  }
+
+  /**
+   * Could the accepted beat `hb` of `host` (the model's record, of the beat's epoch) call for a
+   * write (#writesFor)? Judged in memory, the same tests #writesFor makes: a SUSPECT host, a notice,
+   * a READY host whose renewal is due. A lease policy not cached yet says yes (it is read there).
+   */
+  #writesDue(host: HostRecord, hb: Heartbeat): boolean {
+    const { state, epoch } = host.lifecycle;
+    if (state === 'SUSPECT' || hb.dockerDataLost || (hb.reclaimNotice?.source ?? '') !== '') return true;
+    if (state !== 'READY') return false;
+    const lease = this.#leaseCache.get(host.hostId);
+    return lease === undefined || lease.epoch !== epoch || renewalFor(lease, host.leaseExpiresAtMs, this.ctx.now()) !== undefined;
+  }
+
+  /** The host id of a per-host subject; parsed once per subject, as every beat of a host repeats it. */
+  #hostIdOf(subject: string): string | undefined {
+    const cached = this.#subjectHosts.get(subject);
+    if (cached !== undefined) return cached;
+    const hostId = hostIdFromSubject(subject);
+    if (hostId === undefined) return undefined;
+    this.#subjectHosts.set(subject, hostId);
+    if (this.#subjectHosts.size > MAX_REMEMBERED_INVENTORIES) this.#subjectHosts.delete(this.#subjectHosts.keys().next().value as string);
+    return hostId;
   }
 
   #record(subjectHostId: string, hb: Heartbeat): 'accepted' | 'stale' {
@@ -422,8 +465,14 @@ export class HostRegistry {
    * which also decides whether it is undecodable.
    */
   decodeHeartbeat(hostId: string, data: Uint8Array): Heartbeat {
-    const split = splitInventory(data);
     const known = this.#inventories.get(hostId);
+    // Most beats leave the entries out: nothing to split or compare, the whole message is small. The
+    // scan only spares the split; the full decode decides (the two may read damaged bytes apart).
+    if (omitsContainers(data)) {
+      const beat = Heartbeat.decode(data);
+      if (beat.containersOmitted) return this.#omitted(beat, known);
+    }
+    const split = splitInventory(data);
     if (split !== undefined && known !== undefined && split.containers.length > 0 && Buffer.compare(split.containers, known.bytes) === 0) {
       const beat = Heartbeat.decode(split.rest);
       beat.inventory = { ...Inventory.decode(split.inventoryRest), containers: known.containers };
@@ -431,13 +480,8 @@ export class HostRegistry {
       return beat;
     }
     const beat = Heartbeat.decode(data);
-    if (beat.containersOmitted) {
-      const reused = beat.inventory !== undefined && beat.inventory.containers.length === 0 && known !== undefined && known.digest.equals(beat.containersDigest);
-      // Entries sent along with the flag anyway are not trusted either way: unknown is unknown.
-      if (beat.inventory !== undefined) beat.inventory = { ...beat.inventory, containers: reused ? known!.containers : [] };
-      this.ctx.metrics.heartbeatContainers.inc({ how: reused ? 'reused' : 'unknown' });
-      return beat;
-    }
+    // The scan above gives up on shapes it does not handle; the full decode still has the last word.
+    if (beat.containersOmitted) return this.#omitted(beat, known);
     if (split !== undefined && beat.inventory !== undefined) {
       const digest = createHash('sha256').update(split.containers).digest();
       // The agent's digest of the same entries must be ours, or its later omissions could name
@@ -452,6 +496,15 @@ export class HostRegistry {
       }
     }
     this.ctx.metrics.heartbeatContainers.inc({ how: 'decoded' });
+    return beat;
+  }
+
+  /** A beat that left its container entries out: the ones held under its digest, or none (unknown). */
+  #omitted(beat: Heartbeat, known: RememberedInventory | undefined): Heartbeat {
+    const reused = beat.inventory !== undefined && beat.inventory.containers.length === 0 && known !== undefined && known.digest.equals(beat.containersDigest);
+    // Entries sent along with the flag anyway are not trusted either way: unknown is unknown.
+    if (beat.inventory !== undefined) beat.inventory = { ...beat.inventory, containers: reused ? known!.containers : [] };
+    this.ctx.metrics.heartbeatContainers.inc({ how: reused ? 'reused' : 'unknown' });
     return beat;
   }
 
@@ -613,81 +666,5 @@ export class HostRegistry {
   /** Operator drain / remove (R-H5). `remove` also ends the epoch once the host holds nothing. */
   async drain(hostId: string, source: RemovalSource = 'operator_drain'): Promise<boolean> {
     return (await applyHostEvent(this.ctx.hosts, hostId, { type: 'drain_requested', source }, source)) !== undefined;
-  }
-}
-
-// ---- the inventory's bytes in a heartbeat -----------------------------------------------------------
-
-/** One field of an encoded message: its tag and where it starts and ends (tag included). */
-interface WireField {
-  readonly tag: number;
-  readonly start: number;
-  /** Where a length-delimited field's payload starts (after tag and length). */
-  readonly payload: number;
-  readonly end: number;
-}
-
-/** The top-level fields of `buf` in order; undefined for anything but plain fields (groups, tag 0, bad data). */
-function wireFields(buf: Uint8Array): WireField[] | undefined {
-  const reader = new BinaryReader(buf);
-  const fields: WireField[] = [];
-  while (reader.pos < reader.len) {
-    const start = reader.pos;
-    const tag = reader.uint32();
-    const wireType = tag & 7;
-    if (tag === 0 || wireType === 3 || wireType === 4) return undefined;
-    let payload = reader.pos;
-    if (wireType === 2) {
-      const length = reader.uint32();
-      payload = reader.pos;
-      reader.pos += length;
-      if (reader.pos > reader.len) return undefined;
-    } else {
-      reader.skip(wireType);
-    }
-    fields.push({ tag, start, payload, end: reader.pos });
-  }
-  return fields;
-}
-
-/** The bytes of `fields` of `buf`, in order (a view when they are contiguous, else a copy). */
-function joined(buf: Uint8Array, fields: readonly WireField[]): Uint8Array {
-  if (fields.length === 0) return new Uint8Array(0);
-  if (fields.every((f, i) => i === 0 || f.start === fields[i - 1]!.end)) return buf.subarray(fields[0]!.start, fields.at(-1)!.end);
-  const out = new Uint8Array(fields.reduce((n, f) => n + f.end - f.start, 0));
-  let at = 0;
-  for (const f of fields) {
-    out.set(buf.subarray(f.start, f.end), at);
-    at += f.end - f.start;
-  }
-  return out;
-}
-
-/** Heartbeat field 5 (inventory), length-delimited; Inventory field 1 (containers), length-delimited. */
-const HEARTBEAT_INVENTORY_TAG = (5 << 3) | 2;
-const INVENTORY_CONTAINER_TAG = (1 << 3) | 2;
-
-/**
- * A heartbeat split into its container entries (every Inventory field 1, in order, tags included),
- * the rest of its inventory, and the rest of the message — when it has exactly one inventory and
- * only plain fields. Decoding `rest` and `inventoryRest` and taking the containers decoded from
- * identical bytes gives what decoding the whole message gives.
- */
-function splitInventory(data: Uint8Array): { rest: Uint8Array; inventoryRest: Uint8Array; containers: Uint8Array } | undefined {
-  try {
-    const top = wireFields(data);
-    const inventories = top?.filter((f) => f.tag === HEARTBEAT_INVENTORY_TAG) ?? [];
-    if (top === undefined || inventories.length !== 1) return undefined;
-    const inventory = inventories[0]!;
-    const body = data.subarray(inventory.payload, inventory.end);
-    const inner = wireFields(body);
-    if (inner === undefined) return undefined;
-    return {
-      rest: joined(data, top.filter((f) => f !== inventory)),
-      inventoryRest: joined(body, inner.filter((f) => f.tag !== INVENTORY_CONTAINER_TAG)),
-      containers: joined(body, inner.filter((f) => f.tag === INVENTORY_CONTAINER_TAG)),
-    };
-  } catch {
-    return undefined;
   }
 }

@@ -3,7 +3,8 @@
 // however often it is added; a key is processed by one worker at a time, and one added while it is
 // being processed runs once more afterwards (so no change is missed); `reconcile(key)` returns when
 // to look again (`requeueAfterMs`), and a failing key backs off exponentially. Delayed keys sit in
-// one min-heap served by a single timer, so 100,000 parked keys cost no timers and no polling.
+// one min-heap served by a single timer, so 100,000 parked keys cost no timers and no polling; with
+// a due step, keys parked moments apart fall due together (one firing for all, not one each).
 export interface ReconcileResult {
   /** Look at this key again after this long (undefined: only when something adds it again). */
   readonly requeueAfterMs?: number | undefined;
@@ -19,6 +20,12 @@ export interface KeyedQueueOptions {
   readonly maxBackoffMs?: number;
   /** Called with a key's error (the key is retried with backoff). */
   readonly onError?: (key: string, err: unknown) => void;
+  /**
+   * Parked keys fall due on multiples of this (rounded up), so keys parked moments apart share one
+   * timer firing instead of one each: a key may wait up to this much longer than it asked. 1 (the
+   * default): every due time is its own.
+   */
+  readonly dueStepMs?: number;
   readonly now?: () => number;
 }
 
@@ -91,10 +98,13 @@ export class KeyedQueue {
   #timerDueMs = Infinity;
   #running = false;
   #active = 0;
+  readonly #dueStepMs: number;
 
   constructor(private readonly reconcile: Reconcile, private readonly opts: KeyedQueueOptions) {
     if (!Number.isInteger(opts.concurrency) || opts.concurrency < 1) throw new RangeError('concurrency must be a positive integer');
+    if (opts.dueStepMs !== undefined && !(Number.isInteger(opts.dueStepMs) && opts.dueStepMs >= 1)) throw new RangeError('dueStepMs must be a positive integer');
     this.#now = opts.now ?? Date.now;
+    this.#dueStepMs = opts.dueStepMs ?? 1;
   }
 
   /** Keys waiting (ready or parked) plus keys being processed. */
@@ -135,7 +145,7 @@ export class KeyedQueue {
       return;
     }
     if (this.#ready.has(key)) return;
-    const due = this.#now() + delayMs;
+    const due = Math.ceil((this.#now() + delayMs) / this.#dueStepMs) * this.#dueStepMs;
     const current = this.#parkedDue.get(key);
     if (current !== undefined && current <= due) return;
     this.#parkedDue.set(key, due);

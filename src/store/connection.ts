@@ -31,6 +31,11 @@ export interface ConnectNatsOptions {
   readonly waitOnFirstConnect?: boolean;
   /** Credentials, CA and inbox prefix (R-I2, R-R5; nats-auth.ts). */
   readonly auth?: NatsAuthOptions;
+  /**
+   * Read the socket at most once per this many ms (coalescing-transport.ts): only for a connection
+   * that takes in a steady stream nobody waits on, such as heartbeats. Absent: read as data arrives.
+   */
+  readonly readBatchMs?: number;
   /** Other client options, passed through unchanged. */
   readonly extra?: Partial<NodeConnectionOptions>;
 }
@@ -62,6 +67,7 @@ export async function connectNats(opts: ConnectNatsOptions): Promise<NatsConnect
     // caller stack ready in case it fails: ~8% of the control plane's CPU on the turn hot path. Our
     // store errors name the bucket, key and operation (errors.ts), which is what a failure report needs.
     noAsyncTraces: true,
+    ...(opts.readBatchMs !== undefined ? { readBatchMs: opts.readBatchMs } : {}),
   });
   const logger = opts.logger;
   if (logger) {

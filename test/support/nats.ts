@@ -11,8 +11,11 @@ import type { NatsAuthOptions } from '../../src/store/nats-auth.ts';
 export interface TestNats {
   readonly server: LocalNatsServer;
   readonly dir: string;
-  /** A new client connection, closed by cleanup(); `auth` when the server was started with `users`. */
-  connect(name?: string, auth?: NatsAuthOptions): Promise<NatsConnection>;
+  /**
+   * A new client connection, closed by cleanup(); `auth` when the server was started with `users`;
+   * `readBatchMs` reads it in batches (connection.ts), as the control plane's heartbeat connection.
+   */
+  connect(name?: string, auth?: NatsAuthOptions, readBatchMs?: number): Promise<NatsConnection>;
   /** Close every connection made by connect(), stop the server, delete the temp dir. */
   cleanup(): Promise<void>;
 }
@@ -24,8 +27,8 @@ export async function startTestNats(opts: Partial<Omit<LocalNatsServerOptions, '
   return {
     server,
     dir,
-    async connect(name = 'test', auth?: NatsAuthOptions) {
-      const nc = await connectNats({ servers: server.url, name, ...(auth !== undefined ? { auth } : {}) });
+    async connect(name = 'test', auth?: NatsAuthOptions, readBatchMs?: number) {
+      const nc = await connectNats({ servers: server.url, name, ...(auth !== undefined ? { auth } : {}), ...(readBatchMs !== undefined ? { readBatchMs } : {}) });
       connections.push(nc);
       return nc;
     },

@@ -12,7 +12,7 @@ import type { NatsServerUser } from '../../../src/store/local-nats-server.ts';
 import { newNkeyUser } from '../../../src/store/nats-auth.ts';
 import { ControlPlaneConfigSchema, type ControlPlaneConfig } from '../../../src/config/control-plane.ts';
 import { CONTROL_PLANE_BUCKETS, type ControlPlaneBuckets } from '../../../src/control-plane/buckets.ts';
-import { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { ControlPlane, HEARTBEAT_READ_BATCH_MS } from '../../../src/control-plane/control-plane.ts';
 import type { StepHook } from '../../../src/control-plane/migration-controller.ts';
 import type { GroupRecord, HostRecord } from '../../../src/control-plane/records.ts';
 import { Keys } from '../../../src/control-plane/state.ts';
@@ -114,11 +114,14 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
   const hosts = hostsResult.value;
   let image: SandboxImage;
   let nc: NatsConnection;
+  let heartbeatNc: NatsConnection;
   let store: StateStore<ControlPlaneBuckets>;
   let chunks: ChunkStore;
   try {
     image = await provisionSandboxImage(hosts.map((h) => h.docker), options.image ?? { bridgeVersion: 4 });
     nc = await nats.connect('control-plane', creds !== undefined ? { credsFile: creds.controlPlane } : undefined);
+    // As cmd/control-plane wires it: heartbeats on their own connection, read in batches.
+    heartbeatNc = await nats.connect('control-plane-heartbeats', creds !== undefined ? { credsFile: creds.controlPlane } : undefined, HEARTBEAT_READ_BATCH_MS);
     store = await StateStore.open(nc, { buckets: CONTROL_PLANE_BUCKETS });
     chunks = await ChunkStore.open(nc);
   } catch (err) {
@@ -132,7 +135,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
     nats, hosts, image, nc, store, chunks, config, agents, planes,
     async startPlane(opts = {}) {
       const plane = new ControlPlane({
-        config, nc, store, chunks, metrics: opts.metrics ?? new FleetMetrics(), logger: createLogger({ name: 'cp-test', level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA,
+        config, nc, heartbeatNc, store, chunks, metrics: opts.metrics ?? new FleetMetrics(), logger: createLogger({ name: 'cp-test', level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA,
         replicaId: opts.replicaId ?? `cp-${planes.length + 1}`,
         ...(opts.stepHook ? { stepHook: opts.stepHook } : {}),
         ...(opts.autoReconcile !== undefined ? { autoReconcile: opts.autoReconcile } : {}),

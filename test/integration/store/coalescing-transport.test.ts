@@ -110,3 +110,107 @@ describe('CoalescingTransport', () => {
     }
   });
 });
+
+describe('CoalescingTransport: batched reads (readBatchMs)', () => {
+  /**
+   * Publishes one message every 2 ms for `ms` on `subject` from a plain connection and counts, on
+   * `reader`, in how many separate event-loop turns (macrotasks) they were delivered.
+   */
+  async function deliveries(reader: NatsConnection, subject: string, ms: number): Promise<{ messages: number; turns: number }> {
+    let messages = 0;
+    let turns = 0;
+    let inTurn = false;
+    reader.subscribe(subject, { callback: () => {
+      messages += 1;
+      if (inTurn) return;
+      inTurn = true;
+      turns += 1;
+      setImmediate(() => { inTurn = false; });
+    } });
+    await reader.flush();
+    const writer = await nats.connect(`writer-${subject}`);
+    const end = Date.now() + ms;
+    let sent = 0;
+    while (Date.now() < end) {
+      writer.publish(subject, String(sent++));
+      await writer.flush();
+      await new Promise((r) => setTimeout(r, 2));
+    }
+    await writer.flush();
+    await new Promise((r) => setTimeout(r, 250));
+    expect(messages).toBe(sent);
+    return { messages, turns };
+  }
+
+  it('reads a busy connection about once per batch interval, losing nothing; an unbatched one reads far more often', async () => {
+    const batched = await connectNats({ servers: nats.server.url, name: 'batched', readBatchMs: 100 });
+    const plain = await connectNats({ servers: nats.server.url, name: 'plain' });
+    try {
+      const b = await deliveries(batched, 'batch.busy', 1_000);
+      const p = await deliveries(plain, 'batch.busy.plain', 1_000);
+      // ~1 s of traffic: about ten reads, plus the one after the last pause.
+      expect(b.turns).toBeLessThanOrEqual(14);
+      expect(p.turns).toBeGreaterThan(3 * b.turns);
+    } finally {
+      await batched.close();
+      await plain.close();
+    }
+  });
+
+  it('keeps up with far more than one socket read (64 KiB) per interval: everything arrives, in order, no slow-consumer drop', async () => {
+    const nc = await connectNats({ servers: nats.server.url, name: 'batched-heavy', readBatchMs: 100 });
+    const events: string[] = [];
+    void (async () => {
+      for await (const st of nc.status()) events.push(st.type);
+    })();
+    try {
+      const N = 400;
+      const got: number[] = [];
+      let lastAt = 0;
+      nc.subscribe('batch.heavy', { callback: (_e, m) => { got.push(Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength).readUInt32BE(0)); lastAt = Date.now(); } });
+      await nc.flush();
+      const writer = await nats.connect('writer-heavy');
+      const payload = Buffer.alloc(20_000, 7);
+      const t0 = Date.now();
+      // 8 MB over ~1 s: ~800 KB per 100-ms rest, a dozen socket reads' worth.
+      for (let i = 0; i < N; i++) {
+        payload.writeUInt32BE(i, 0);
+        writer.publish('batch.heavy', Buffer.from(payload));
+        if (i % 40 === 39) {
+          await writer.flush();
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+      await writer.flush();
+      const deadline = Date.now() + 10_000;
+      while (got.length < N && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(got).toEqual(Array.from({ length: N }, (_, i) => i));
+      // Read as fast as it came (a pause per 64 KiB read would take ~12 s for this).
+      expect(lastAt - t0).toBeLessThan(3_000);
+      expect(events.filter((e) => e === 'disconnect' || e === 'slowConsumer')).toEqual([]);
+    } finally {
+      await nc.close();
+    }
+  });
+
+  it('answers requests on a batched connection (at most a batch interval late) and keeps batching after a reconnect', async () => {
+    const nc = await connectNats({ servers: nats.server.url, name: 'batched-reconnecting', readBatchMs: 100, reconnectTimeWaitMs: 100 });
+    const responder = await nats.connect('responder');
+    try {
+      const answer = (): void => void responder.subscribe('batch.echo', { callback: (_e, m) => void m.respond(m.data) });
+      answer();
+      await responder.flush();
+      const t0 = Date.now();
+      expect((await nc.request('batch.echo', 'ping', { timeout: 5_000 })).string()).toBe('ping');
+      expect(Date.now() - t0).toBeLessThan(1_000);
+      const reconnected = nextStatus(nc, 'reconnect');
+      await nats.server.restart();
+      await reconnected;
+      expect((nc as unknown as Internals).protocol.transport).toBeInstanceOf(CoalescingTransport);
+      const b = await deliveries(nc, 'batch.after', 1_000);
+      expect(b.turns).toBeLessThanOrEqual(14);
+    } finally {
+      await nc.close();
+    }
+  });
+});
