@@ -6,9 +6,12 @@
 // Records are what a fleet that has lived looks like, not minimal ones: every group is STOPPED after
 // a clean stop with one member that has completed turns, its last BeginTurn/CompleteTurn answers and
 // older key digests (turn idempotency state kept in the record), the evidence of its clean stop,
-// and — except on the victim hosts — a latest checkpoint with its index record. The victim hosts'
-// groups have no checkpoint, so when such a host is declared DEAD each becomes LOST `no_checkpoint`:
-// an observable decision per group that needs no containers.
+// and a latest checkpoint with its index record — except on the victim hosts. The victim hosts'
+// groups were stopped UNCLEANLY (their member killed) and have no checkpoint, so when such a host is
+// declared DEAD each becomes LOST `unclean_stop`: an observable decision per group that needs no
+// containers. Unclean, not clean without a checkpoint: idle-stop takes a checkpoint of every clean
+// stop that lacks one, and the simulated hosts never answer, so 300 such groups were retried against
+// them all through the steady window (with backoff) — work a steady fleet does not have.
 import type { CheckpointRecord, GroupRecord } from '../../src/control-plane/records.ts';
 import type { Product } from './product.ts';
 
@@ -58,12 +61,15 @@ export function groupRecord(i: number, hosts: number, nowMs: number): GroupRecor
   return {
     groupId: id,
     conversationId: `conv-${id}`,
-    lifecycle: { state: 'STOPPED', hostId: hostId(h), generation: 1, activityVersion: 3, lastActivityAtMs: nowMs - 60_000, stop: { clean: true } } as GroupRecord['lifecycle'],
+    lifecycle: {
+      state: 'STOPPED', hostId: hostId(h), generation: 1, activityVersion: 3, lastActivityAtMs: nowMs - 60_000,
+      stop: withCheckpoint ? { clean: true } : { clean: false, findings: [{ memberId: 'm1', reason: 'killed' }] },
+    } as GroupRecord['lifecycle'],
     members: [member],
     ...(withCheckpoint ? { latestCheckpointId: checkpointIdOf(i) } : {}),
     starts: 1,
     stops: 1,
-    lastCleanStop: { stoppedAtMs: nowMs - 30_000, graceMs: 10_000, members: [{ memberId: 'm1', exitCode: 0, sigtermAtMs: nowMs - 30_200, exitedAtMs: nowMs - 30_000, stopDurationMs: 200 }] },
+    ...(withCheckpoint ? { lastCleanStop: { stoppedAtMs: nowMs - 30_000, graceMs: 10_000, members: [{ memberId: 'm1', exitCode: 0, sigtermAtMs: nowMs - 30_200, exitedAtMs: nowMs - 30_000, stopDurationMs: 200 }] } } : {}),
     lastTurnCompletedAtMs: nowMs - 60_000,
     createdAtMs: nowMs - 3_600_000,
     updatedAtMs: nowMs - 30_000,

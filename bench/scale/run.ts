@@ -13,7 +13,7 @@
 //   2. heartbeat cost: a window at four times the heartbeat rate (the marginal CPU per heartbeat), and
 //      one with empty inventories (what the inventories cost);
 //   3. dead host: one host's heartbeats stop; from its `host_declared_dead` event to the last of its
-//      groups' decisions (each becomes LOST `no_checkpoint`: STOPPED clean without a checkpoint),
+//      groups' decisions (each becomes LOST `unclean_stop`: STOPPED uncleanly, without a checkpoint),
 //      both event times from the control plane's clock;
 //   4. restart: the replica stops (resigning leadership) and a new process starts; catch-up = its
 //      ControlPlane.start(), which resolves once the read model holds every record of the store
@@ -523,7 +523,7 @@ async function main(): Promise<void> {
   }
   const notes: string[] = [
     `fleet: ${HOSTS} simulated hosts registered over NATS (Registration request, attestation admitted by the policy) and heartbeating every ${liveness.heartbeatIntervalMs} ms at evenly spread phases with a real agent's inventory (one exited member container with its layer per group the host holds: ${Math.ceil(large / HOSTS)} per host at ${large} groups); groups STOPPED clean, one member with turn history, spread round-robin over the hosts; every group but those of the three victim hosts has a checkpoint index record.`,
-    `dead host: a victim host's heartbeats stop; dead_to_decisions_s is host_declared_dead -> the last of its ${Math.ceil(large / HOSTS)} groups' decision events (LOST no_checkpoint), both on the control plane's clock; the median of ${l.dead.rounds} victims silenced one after another (dead_to_decisions_max_s: the slowest).`,
+    `dead host: a victim host's heartbeats stop; dead_to_decisions_s is host_declared_dead -> the last of its ${Math.ceil(large / HOSTS)} groups' decision events (LOST unclean_stop), both on the control plane's clock; the median of ${l.dead.rounds} victims silenced one after another (dead_to_decisions_max_s: the slowest).`,
     `liveness: heartbeat interval ${liveness.heartbeatIntervalMs} ms, TTL ${liveness.heartbeatTtlMs} ms, dead grace ${liveness.deadGraceMs} ms${run.smoke ? ' (smoke: scaled down)' : ' (shipped defaults)'}; every other setting is the shipped default (reconcile every 1 s, GC/refresh pass every 30 passes, resync every 10 min).`,
     `CPU: /proc utime+stime of the control-plane child over a ${WINDOW_S} s window after the read model caught up and ${SETTLE_S} s of settling; cpu_ms_per_heartbeat is the extra control-plane CPU of a window at four times the heartbeat rate divided by the extra heartbeats, both windows taken as the mean of their quietest 75% of seconds (so a 30-s GC/refresh pass falling in one window or not does not decide it).`,
     `machine: ${cpus().length} cores shared with the nats-server, the load generator and other users (load averages recorded per window).`,
