@@ -25,8 +25,6 @@ export interface HeartbeaterDeps {
   readonly logger: Logger;
   readonly metrics: AgentMetrics;
   readonly nowMs: () => number;
-  /** Beats at most between two that carry the inventory's containers (default: inventory-elision.ts). */
-  readonly fullInventoryEvery?: number;
 }
 
 const MAX_NOTICE_FILE_BYTES = 4096;
@@ -45,7 +43,7 @@ export class Heartbeater {
   private readonly elision: InventoryElision;
 
   constructor(private readonly deps: HeartbeaterDeps) {
-    this.elision = new InventoryElision(deps.fullInventoryEvery);
+    this.elision = new InventoryElision();
   }
 
   start(): void {
