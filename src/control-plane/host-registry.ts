@@ -132,6 +132,11 @@ export async function openLeasePolicies(nc: NatsConnection): Promise<KvRepositor
   return new KvRepository({ kv, bucket: spec.bucket, schema: HostLeasePolicySchema, maxRecordBytes: spec.maxRecordBytes });
 }
 
+/** The notice a heartbeat repeats (R-H5): lost Docker data, else its reclaim notice's source; '' for none. */
+function noticeOf(hb: Heartbeat): string {
+  return hb.dockerDataLost ? DOCKER_DATA_LOST_NOTICE : hb.reclaimNotice?.source ?? '';
+}
+
 /** A heartbeat waiting for its per-host writes; `recorded` when it is already in the read model. */
 interface PendingBeat {
   readonly beat: Heartbeat;
@@ -259,7 +264,7 @@ export class HostRegistry {
    */
   #writesDue(host: HostRecord, hb: Heartbeat): boolean {
     const { state, epoch } = host.lifecycle;
-    if (state === 'SUSPECT' || hb.dockerDataLost || (hb.reclaimNotice?.source ?? '') !== '') return true;
+    if (state === 'SUSPECT' || noticeOf(hb) !== '') return true;
     if (state !== 'READY') return false;
     const lease = this.#leaseCache.get(host.hostId);
     return lease === undefined || lease.epoch !== epoch || renewalFor(lease, host.leaseExpiresAtMs, this.ctx.now()) !== undefined;
@@ -565,7 +570,7 @@ export class HostRegistry {
     if (host.lifecycle.state === 'SUSPECT') await applyHostEvent(ctx.hosts, hb.hostId, { type: 'heartbeat_resumed' }, 'heartbeat received', epoch);
     await this.#renew(host, epoch, now);
     // The heartbeat repeats what the notice subject announced once (R-H5), under the beat's epoch.
-    const notice = hb.dockerDataLost ? DOCKER_DATA_LOST_NOTICE : hb.reclaimNotice?.source ?? '';
+    const notice = noticeOf(hb);
     if (notice !== '') {
       const { event, why } = hostEventForNotice(notice);
       // Only a change is written: a drain already under way is not rewritten on every beat.
