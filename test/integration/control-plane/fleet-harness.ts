@@ -52,7 +52,8 @@ export interface Fleet {
   readonly config: ControlPlaneConfig;
   readonly agents: Map<string, InProcessAgent>;
   readonly planes: ControlPlane[];
-  startPlane(opts?: { replicaId?: string; stepHook?: StepHook; autoReconcile?: boolean; metrics?: FleetMetrics; elector?: Elector }): Promise<ControlPlane>;
+  /** `heartbeatNc`: the plane's heartbeat connection (default: the fleet's, straight to the server). */
+  startPlane(opts?: { replicaId?: string; stepHook?: StepHook; autoReconcile?: boolean; metrics?: FleetMetrics; elector?: Elector; heartbeatNc?: NatsConnection }): Promise<ControlPlane>;
   startAgentOn(hostId: string, index: number, overrides?: Record<string, unknown>): Promise<InProcessAgent>;
   stopAgent(hostId: string): Promise<void>;
   group(groupId: string): Promise<GroupRecord>;
@@ -135,7 +136,7 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
     nats, hosts, image, nc, store, chunks, config, agents, planes,
     async startPlane(opts = {}) {
       const plane = new ControlPlane({
-        config, nc, heartbeatNc, store, chunks, metrics: opts.metrics ?? new FleetMetrics(), logger: createLogger({ name: 'cp-test', level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA,
+        config, nc, heartbeatNc: opts.heartbeatNc ?? heartbeatNc, store, chunks, metrics: opts.metrics ?? new FleetMetrics(), logger: createLogger({ name: 'cp-test', level: process.env.CP_TEST_LOG ?? 'silent' }), apiSha: API_SHA,
         replicaId: opts.replicaId ?? `cp-${planes.length + 1}`,
         ...(opts.stepHook ? { stepHook: opts.stepHook } : {}),
         ...(opts.autoReconcile !== undefined ? { autoReconcile: opts.autoReconcile } : {}),
