@@ -21,6 +21,7 @@ import type { RemovalSource } from '../core/index.ts';
 import type { Logger } from '../observability/logger.ts';
 import type { FleetMetrics } from '../observability/metrics.ts';
 import type { ChunkStore } from '../store/chunk-store.ts';
+import type { KvRepository } from '../store/kv-repository.ts';
 import { DEFAULT_BUCKETS, type StateStore } from '../store/connection.ts';
 import { AdminOps } from './admin-ops.ts';
 import { NatsAgentClient, type AgentPort } from './agent-client.ts';
@@ -36,7 +37,7 @@ import { KeyedQueue } from './keyed-queue.ts';
 import { LeaderElector, type Elector } from './leader.ts';
 import { LivenessLoop } from './liveness-loop.ts';
 import { MigrationController, type StepHook } from './migration-controller.ts';
-import { LeadershipRecordSchema, type GroupRecord, type HostRecord } from './records.ts';
+import { GroupReadModelSchema, LeadershipRecordSchema, type GroupRecord, type HostRecord } from './records.ts';
 import { GroupOps } from './group-ops.ts';
 import { ManifestDigestCache, collectCheckpoints, refreshCheckpoints } from './retention.ts';
 import { ControlPlaneRunnerBackend } from './runner-backend.ts';
@@ -155,7 +156,9 @@ export class ControlPlane {
     const logger = opts.logger.child({ component: 'control-plane', replica: opts.replicaId });
     const events = new EventRecorder(opts.store.events, `control-plane/${opts.replicaId}`, logger, now);
     this.repos = repos;
-    this.fleet = new FleetState({ hosts: repos.hosts, groups: repos.groups.parts, checkpoints: repos.checkpoints }, logger, opts.metrics, { checkpointKeep: opts.config.checkpointKeep });
+    // The read model follows the groups through their read-model schema (what it keeps, records.ts).
+    const groupsAsRead: readonly KvRepository<GroupRecord>[] = opts.store.shardedRepository('groups', GroupReadModelSchema).parts;
+    this.fleet = new FleetState({ hosts: repos.hosts, groups: groupsAsRead, checkpoints: repos.checkpoints }, logger, opts.metrics, { checkpointKeep: opts.config.checkpointKeep });
     this.ctx = {
       config: opts.config,
       fleet: this.fleet,

@@ -214,7 +214,9 @@ export function hasControllerWork(g: GroupRecord): boolean {
 /**
  * The read model keeps no turn-call idempotency state (the runner backend reads that from the
  * store in the same compare-and-set it writes it with): at 100,000 groups it would be most of the
- * model's memory, and no control loop reads it.
+ * model's memory, and no control loop reads it. The control plane's group watches already read
+ * through GroupReadModelSchema, which leaves it out (and does not validate it: the writers do,
+ * reading through GroupRecordSchema); this keeps it out whatever repository the model is given.
  */
 function projectGroup(g: GroupRecord): GroupRecord {
   if (!g.members.some((m) => m.calls !== undefined || m.turns !== undefined)) return g;

@@ -28,6 +28,7 @@ import { silentLogger } from '../../../src/observability/logger.ts';
 import { FleetMetrics } from '../../../src/observability/metrics.ts';
 import { ChunkStore } from '../../../src/store/chunk-store.ts';
 import { DEFAULT_BUCKETS, StateStore } from '../../../src/store/connection.ts';
+import { RecordInvalidError } from '../../../src/store/errors.ts';
 import type { KvChange, KvRepository, Versioned } from '../../../src/store/kv-repository.ts';
 import { shardIndex } from '../../../src/store/sharded-kv-repository.ts';
 import { startTestNats, type TestNats } from '../../support/nats.ts';
@@ -315,6 +316,35 @@ describe('read model: change listeners', () => {
     expect(calls).toEqual(['a', 'b', 'c', 'd', 'b', 'c', 'd']);
     const failures = (await metrics.registry.getSingleMetric('sandboxfleet_reconciles_total')?.get())?.values.find((v) => v.labels.queue === 'read_model_listener' && v.labels.result === 'error')?.value;
     expect(failures).toBe(2);
+  }, 30_000);
+});
+
+describe('read model: what it keeps', () => {
+  it('reads groups without their turn-call state, which it neither keeps nor validates; the writers still refuse a record that is invalid there', async () => {
+    const plane = new ControlPlane({ config: ControlPlaneConfigSchema.parse({}), nc, store, chunks, metrics: new FleetMetrics(), logger: silentLogger(), apiSha: API_SHA, replicaId: 'cp-keeps', autoReconcile: false });
+    await plane.fleet.start();
+    cleanups.push(() => plane.fleet.stop());
+    const invalidBefore = plane.fleet.invalidGroupCount();
+    const g = group('keeps-1', 'keeps-host');
+    const text = JSON.stringify({ ...g, members: [{ ...g.members[0], calls: 'not turn-call state' }] });
+    await putRawGroup('keeps-1', text);
+    await plane.fleet.sync();
+    const held = plane.fleet.group(Keys.group('keeps-1'));
+    expect(held?.value.lifecycle.hostId).toBe('keeps-host');
+    expect(held?.value.members[0]).not.toHaveProperty('calls');
+    expect(plane.fleet.invalidGroupCount()).toBe(invalidBefore);
+    // The store's full schema (what every write reads through) refuses it.
+    await expect(repos.groups.get(Keys.group('keeps-1'))).rejects.toBeInstanceOf(RecordInvalidError);
+    // Anything else invalid is kept aside as before.
+    await putRawGroup('keeps-2', JSON.stringify({ ...group('keeps-2', 'keeps-host'), lifecycle: { state: 'NOT_A_STATE' } }));
+    await plane.fleet.sync();
+    expect(plane.fleet.group(Keys.group('keeps-2'))).toBeUndefined();
+    expect(plane.fleet.invalidGroupCount()).toBe(invalidBefore + 1);
+    // Gone again: an invalid group never seen valid counts as held by every draining host (below).
+    await deleteRawGroup('keeps-1');
+    await deleteRawGroup('keeps-2');
+    await plane.fleet.sync();
+    expect(plane.fleet.invalidGroupCount()).toBe(invalidBefore);
   }, 30_000);
 });
 
