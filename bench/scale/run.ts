@@ -71,6 +71,12 @@ const OVERRIDES: Record<string, unknown> = values['migration-parallelism'] !== u
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, Math.max(0, ms)));
 const round = (x: number, d = 3): number => Math.round(x * 10 ** d) / 10 ** d;
 const mean = (xs: readonly number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;
+/** The median (upper middle) of samples; null when any sample is missing or there are none. */
+const median = (xs: readonly (number | null)[]): number | null => {
+  if (xs.some((x) => x === null)) return null;
+  const sorted = [...(xs as number[])].sort((a, b) => a - b);
+  return sorted[Math.floor(sorted.length / 2)] ?? null;
+};
 const MiB = 1024 * 1024;
 
 /** CPU milliseconds of a process from /proc (clock ticks of 10 ms): user and system. */
@@ -434,13 +440,13 @@ async function scenario(p: Product, code: string, groups: number, liveness: Live
     const dead = {
       rounds: deadRounds.length,
       // The median round (every round must have decided every group, else null).
-      dead_to_decisions_s: complete.length === deadRounds.length ? complete[Math.floor(complete.length / 2)]! : null,
+      dead_to_decisions_s: median(deadRounds.map((r) => r.dead_to_decisions_s)),
       dead_to_decisions_max_s: complete.length === deadRounds.length ? complete.at(-1)! : null,
       per_round: deadRounds,
     };
 
     // ---- restart: a new replica process catches up, RESTARTS times (the median is the figure: one
-    // start on this machine has measured anywhere in a ±20% band) ----
+    // start on this machine has measured anywhere from 6 to 15 s across runs) ----
     const samples: { readonly stop_s: number; readonly stopped_gracefully: boolean; readonly catchup_s: number | null; readonly heap_delta_mib: number | null }[] = [];
     let r = plane.ready;
     for (let i = 0; i < RESTARTS; i++) {
@@ -459,11 +465,6 @@ async function scenario(p: Product, code: string, groups: number, liveness: Live
       });
       console.log(`  restart ${i + 1}/${RESTARTS}: ${JSON.stringify(samples.at(-1))}`);
     }
-    const median = (xs: readonly (number | null)[]): number | null => {
-      if (xs.some((x) => x === null)) return null;
-      const sorted = [...(xs as number[])].sort((a, b) => a - b);
-      return sorted[Math.floor(sorted.length / 2)] ?? null;
-    };
     const restart = {
       stop_s: Math.max(...samples.map((x) => x.stop_s)),
       stopped_gracefully: samples.every((x) => x.stopped_gracefully),
