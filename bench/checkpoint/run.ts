@@ -13,13 +13,14 @@
 // capture's index. Manifests of schema version 2 (the chunk-list digest that lets a checkpoint reuse
 // chunks unread); a version-1 full capture (whole-tar digest, what the agent writes until the control
 // plane accepts version 2) is measured beside it at the first size. Medians of N rounds; ratios
-// are what to read (this machine is shared and noisy: load averages recorded). CPU of this process
+// are what to read (this machine is shared and noisy: load averages recorded). Every timed
+// contender starts after a `sync`, so none pays for the writeback of what ran before it. CPU of this process
 // and of nats-server is measured during our captures and restores. The first size's figures are the
 // top-level ones (named as before); `sizes` holds both, `slope` how each cost grows per GiB.
 // Writes bench/results/checkpoint.json (a --smoke run: 1 round of 8 and 16 MiB, to --out or a temp
 // dir; see bench/common.ts).
 //
-//   node --import tsx bench/checkpoint/run.ts [--rounds 3] [--mib 200,1024] [--smoke] [--out DIR]
+//   node --import tsx bench/checkpoint/run.ts [--rounds 5] [--mib 200,1024] [--smoke] [--out DIR]
 import { spawnSync } from 'node:child_process';
 import { createReadStream, createWriteStream } from 'node:fs';
 import { appendFile, mkdir, open, readFile, rm, writeFile } from 'node:fs/promises';
@@ -46,7 +47,8 @@ const { values } = parseArgs({ options: { rounds: { type: 'string' }, mib: { typ
 const run = startBench('checkpoint', values);
 // As the agent does at its start: incremental captures' tar runs fork this small helper, not this process.
 startSmallProcessHelper();
-const rounds = Number(values.rounds ?? (run.smoke ? 1 : 3));
+// 5 rounds: with 3, one slow first round (a restore of 2.6 s among 1.0 s ones, seen here) is a third of the samples.
+const rounds = Number(values.rounds ?? (run.smoke ? 1 : 5));
 const sizesMiB = (values.mib ?? (run.smoke ? '8,16' : '200,1024')).split(',').map(Number);
 const MiB = 1024 * 1024;
 
@@ -140,6 +142,15 @@ async function scatterChange(blobs: readonly string[]): Promise<void> {
   }
 }
 
+/**
+ * Write back every dirty page before a timed contender starts (`sync`), so that none pays for the
+ * writeback of what the one before it wrote (docker save's archive, our cache fill, an extraction):
+ * on this machine that writeback made the same restore take 1 s or 1.7 s depending on what ran last.
+ */
+function settle(): void {
+  spawnSync('sync');
+}
+
 function rawLimit(upper: string): number {
   const t0 = process.hrtime.bigint();
   const r = spawnSync('bash', ['-c', `set -o pipefail; tar --xattrs --numeric-owner -C '${upper}' -cf - . | openssl dgst -sha256 >/dev/null`]);
@@ -187,6 +198,7 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
   const add = (k: string, v: number): void => void (s[k] ??= []).push(v);
   let last: { store: ChunkStore; stored: StoredLayer } | undefined;
   for (let r = 0; r < rounds; r++) {
+    settle();
     add('raw', rawLimit(upper));
     // Ours: into an empty chunk stream each round (nothing to deduplicate against). Streams of one
     // subject prefix cannot overlap: the previous round's pair goes first.
@@ -202,6 +214,7 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
       await jsm.streams.delete(v1store.manifestStream);
     }
     const store = await ChunkStore.open(nc, { chunkStream: `SF_CHUNKS_BENCH_${tag}_${r}`, manifestStream: `SF_CKPT_BENCH_${tag}_${r}` });
+    settle();
     const captured = await timedCpu(natsPid, () => storeLayer(upper, store, { publishWorker: connection }));
     add('ours', captured.s);
     add('capture_cpu', captured.cpuS);
@@ -211,6 +224,7 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
 
     // Peer: docker commit + docker save (to a file on the same disk).
     const archive = join(scratch, `commit-${tag}-${r}.tar`);
+    settle();
     const [tCommitSave, committed] = await timed(async () => {
       const c = (await source.commit({ repo: 'bench-commit', tag: `${tag}-${r}` })) as { Id: string };
       await pipeline(await a.docker.getImage(c.Id).get(), createWriteStream(archive));
@@ -240,6 +254,7 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
         if (cacheFilled === undefined) await verified.release();
       }
     };
+    settle();
     const cold = await timedCpu(natsPid, () => restoreOnce(`bench-restore-${tag}-${r}`));
     add('oursRestore', cold.s);
     add('restore_cpu', cold.cpuS);
@@ -250,6 +265,7 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
     add('restore_cache_fill_cpu', fill.cpuS);
     // A group returning to this host: every chunk is in the cache already.
     if (!captured.out.layer.chunks.every((c) => cache.has(c.digest))) throw new Error('the chunk cache lacks chunks of the layer after the restore and its cache writes');
+    settle();
     const warm = await timedCpu(natsPid, () => restoreOnce(`bench-restore-warm-${tag}-${r}`));
     add('oursRestoreCached', warm.s);
     add('restore_cached_nats_cpu', warm.otherCpuS);
@@ -268,6 +284,7 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
     add('capture_tar_parse_cdc_only', tCaptureCdc);
 
     // Peer restore on host B: docker load of the committed image + docker create.
+    settle();
     const [tLoadCreate] = await timed(async () => {
       const out = await b.docker.loadImage(createReadStream(archive));
       await new Promise<void>((resolve, reject) => b.docker.modem.followProgress(out, (err) => (err ? reject(err) : resolve())));
@@ -287,12 +304,16 @@ async function measureSize(ctx: { a: DockerHost; b: DockerHost; imageId: string;
   // Incremental checkpoints into the last round's store, each from the previous capture's index:
   // after a conversation turn (1 MiB appended to the session file), then after 10 MiB changed in
   // place across ten files.
+  // Every capture of the chain below is incremental: the agent's periodic full read (every 10th by
+  // default) would otherwise fall inside it with 5 rounds of each kind.
+  const INCREMENTAL_CHAIN = 2 * rounds + 1;
   let previous = last!.stored;
   let seq = 1_000_000;
   const incremental = async (prefix: string, change: () => Promise<void>): Promise<void> => {
     for (let r = 0; r < rounds; r++) {
       await change();
-      const stored = await timedCpu(natsPid, () => storeLayer(upper, last!.store, { publishWorker: connection, previous: previous.index }));
+      settle();
+      const stored = await timedCpu(natsPid, () => storeLayer(upper, last!.store, { publishWorker: connection, previous: previous.index, fullCaptureEvery: INCREMENTAL_CHAIN }));
       if (stored.out.capture.mode !== 'incremental') throw new Error(`${prefix}: capture was ${stored.out.capture.mode} (${stored.out.capture.reason})`);
       add(`${prefix}_s`, stored.s);
       add(`${prefix}_stored_bytes`, stored.out.stats.storedBytes);
@@ -392,7 +413,7 @@ async function main(): Promise<void> {
     const verdict = (name: string, ok: boolean, value: string): string => `${name} ${value}: ${ok ? 'met' : 'MISSED'}`;
     const notes = [
       `${small.layerMiB} MiB: ${verdict('capture+store vs commit+save', f.capture_speedup_vs_commit_save! >= 3, `${f2(f.capture_speedup_vs_commit_save)}x (target >= 3)`)}; ${verdict('capture vs raw limit', f.fraction_of_raw_limit! >= 0.3, `${pct(f.fraction_of_raw_limit)} (target >= 30%)`)}; ${verdict('restore vs load+create', f.restore_speedup_vs_load_create! >= 2.5, `${f2(f.restore_speedup_vs_load_create)}x (target >= 2.5)`)}; ${verdict('incremental time', f.incremental_time_fraction! <= 0.15, `${pct(f.incremental_time_fraction)} of a full capture (target <= 15%)`)}; ${verdict('incremental bytes', f.incremental_bytes_fraction! <= 0.05, `${pct(f.incremental_bytes_fraction)} (target <= 5%)`)}.`,
-      `Load average (1 min) at start ${f2(run.loadAverageStart[0])} on ${cores} cores (end: load_average_end): every contender here is CPU-bound, so absolute times scale with load; ratios are same-run.`,
+      `Load average (1 min) at start ${f2(run.loadAverageStart[0])} on ${cores} cores (end: load_average_end): every contender here is CPU-bound, so absolute times scale with load; ratios are same-run. Medians of ${rounds} rounds; each timed contender starts after a \`sync\` (none pays for the writeback of what the one before it wrote).`,
       `Capture (${small.layerMiB} MiB, medians): ${f2(f.capture_store_s)} s wall; walk+tar+parse+OCI rewrite alone ${f2(p.capture_tar_parse_only_s)} s, with FastCDC ${f2(p.capture_tar_parse_cdc_only_s)} s; the rest is the chunk hashes and the publishes (worker thread, fsync on every ack). CPU meanwhile: this process ${f2(p.capture_cpu_s)} s, nats-server ${f2(p.capture_nats_server_cpu_s)} s. Raw limit (tar | openssl) ${f2(f.raw_tar_openssl_s)} s.` +
         (f.capture_store_v1_s !== undefined ? ` A version-1 capture (whole-tar digest, hashed on the publish worker) took ${f2(f.capture_store_v1_s)} s (${f2(f.capture_v1_speedup_vs_commit_save)}x commit+save).` : ''),
       `Restore (${small.layerMiB} MiB): ${f2(f.restore_s)} s in the agent's order (validation pass keeping up to ${(DEFAULT_LAYER_RESTORE_SETTINGS.restoreMemoryBytes! / MiB).toFixed(0)} MiB in memory and writing the rest to an empty chunk cache, docker create ${f2(p.docker_create_s)} s while extracting from memory and the cache into a staging dir; the kept chunks are cached after that, in the background: ${f2(p.restore_cache_fill_s)} s more, ${f2(p.restore_cache_fill_cpu_s)} s CPU, not in the figure); CPU this process ${f2(p.restore_cpu_s)} s, nats-server ${f2(p.restore_nats_server_cpu_s)} s. From a warm cache (a group returning): ${f2(f.restore_cached_s)} s, ${f2(f.restore_cached_speedup)}x faster, nats-server CPU ${f2(p.restore_cached_nats_server_cpu_s)} s.`,
