@@ -12,7 +12,7 @@ import { fetchChunksInWorker } from '../../store/chunk-fetch-worker.ts';
 import type { WorkerConnection } from '../../store/nats-auth.ts';
 import { LayerTransferError, restoreFailureOf } from './errors.ts';
 import type { ChunkCache } from './chunk-cache.ts';
-import { WORKER_PASSES_TRANSFER } from './layer-workers.ts';
+import { workerPassesLending } from './layer-workers.ts';
 import { checkDeclaredSize, extractIntoTarget, type EarlyStaging, type ExpectedLayer, type LayerPasses, type RestoredLayer, type ScannedLayer } from './restore.ts';
 import { digestOff } from './sha256-pool.ts';
 
@@ -110,15 +110,21 @@ interface ChunkCounts {
 
 /**
  * Chunks pass 1 keeps for pass 2, by index: buffers of their own, moved to the layer worker in pass
- * 2, except those still `uncached` (fetched, their cache write deferred to release()), of which pass
- * 2 moves a copy.
+ * 2 (their last use), except those still `uncached` (fetched, their cache write deferred to
+ * release()), which the layer worker hands back. A chunk lent to the layer worker is `out` until it
+ * is back (takeBack); one the worker did not hand back (its pass failed) is simply not kept.
  */
-interface Retained {
+export interface KeptChunks {
   readonly chunks: (Buffer | undefined)[];
   readonly uncached: Set<number>;
+  readonly out: Set<number>;
   bytes: number;
 }
-export type KeptChunks = { readonly chunks: readonly (Buffer | undefined)[]; readonly uncached: ReadonlySet<number> };
+
+/** A chunk the layer worker handed back (JobOptions.returned): kept again if it is one of ours. */
+function takeBack(kept: KeptChunks, index: number, data: Uint8Array): void {
+  if (kept.out.delete(index)) kept.chunks[index] = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+}
 
 /** A buffer this code alone holds (store reads may be views into the NATS client's receive buffer); `copy`: always a new one. */
 function own(data: Buffer, copy = false): Buffer {
@@ -141,9 +147,11 @@ const DEFERRED_PUTS_IN_FLIGHT = 2;
  * configured). With `fill`, fetched chunks pass 1 does not keep in memory are also written to the
  * cache: a chunk is yielded once its write is done (several writes in flight ahead of the consumer),
  * so the consumer may transfer it to another thread without a copy; kept ones are written by
- * release(). Every yielded buffer is the consumer's.
+ * release(). Every yielded buffer is the consumer's, except with `lent`: a consumer that hands
+ * chunks back (takeBack) is lent the ones kept in `keep` (pass 1) or still to be cached (pass 2)
+ * instead of given a copy of each (two copies of the layer in all, measured: bench/checkpoint).
  */
-async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts, retained?: KeptChunks, keep?: Retained): AsyncGenerator<Buffer> {
+async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts, retained?: KeptChunks, keep?: KeptChunks, lent = false): AsyncGenerator<Buffer> {
   const cache = options.cache?.enabled === true ? options.cache : undefined;
   // A kept chunk is moved to the layer worker in pass 2 (its last use): one that is already moved
   // (a second extraction of the same verified layer) reads as not kept. Decided once, at the start:
@@ -180,8 +188,11 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
       let fetchedNow = false;
       let deferred = false;
       if (data !== undefined) {
-        // Kept by pass 1: the bytes it verified. Still to be cached: the layer worker gets a copy.
-        if (retained!.uncached.has(i)) data = own(data, true);
+        // Kept by pass 1: the bytes it verified. Still to be cached: lent, or the layer worker gets a copy.
+        if (retained!.uncached.has(i)) {
+          if (lent) retained!.out.add(i);
+          else data = own(data, true);
+        }
         keptAtStart[i] = undefined;
       } else if (cached[i]) {
         data = await reads.get(i)!;
@@ -206,13 +217,16 @@ async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLa
       // memory, and the writes (a file each, and dirty pages that `docker create` then waited on)
       // were 0.3-0.6 s of a 200 MiB restore's 1.9 s (bench/checkpoint).
       if (keep !== undefined && options.retain?.take(data.length) === true) {
-        keep.chunks[i] = data;
         keep.bytes += data.length;
         if (fetchedNow && fill && cache !== undefined) {
           keep.uncached.add(i);
           deferred = true;
         }
-        data = own(data, true);
+        if (lent) keep.out.add(i);
+        else {
+          keep.chunks[i] = data;
+          data = own(data, true);
+        }
       }
       const written = fetchedNow && !deferred ? writeBack(ref, data) : Promise.resolve();
       const entry = { data, written, done: false };
@@ -247,21 +261,24 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
   const expected = expectedOf(layer, options);
   const unpin = options.cache?.pin(layer.chunks) ?? ((): void => undefined);
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
-  const keep: Retained = { chunks: [], uncached: new Set(), bytes: 0 };
+  const keep: KeptChunks = { chunks: [], uncached: new Set(), out: new Set(), bytes: 0 };
   let released: Promise<void> | undefined;
   const release = (how: { cache?: boolean } = {}): Promise<void> => {
     if (released !== undefined) return released;
     // The chunks still to be cached leave `keep` now: a later extraction reads the cache or the store.
-    const pending = how.cache === false ? [] : [...keep.uncached].map((i) => ({ ref: layer.chunks[i]!, data: keep.chunks[i]! }));
+    const pending = how.cache === false ? [] : [...keep.uncached].map((i) => ({ ref: layer.chunks[i]!, data: keep.chunks[i] }));
     keep.chunks.length = 0;
     keep.uncached.clear();
+    keep.out.clear();
     return (released = fillCache(pending, options.cache).finally(() => {
       unpin();
       options.retain?.give(keep.bytes);
     }));
   };
   try {
-    const scanned = await (options.passes ?? WORKER_PASSES_TRANSFER).scan(layerChunks(layer, store, options, true, counts, undefined, keep), { expected, limits });
+    // The default passes lend kept chunks to the layer worker and take them back (no copies).
+    const passes = options.passes ?? workerPassesLending((i, data) => takeBack(keep, i, data));
+    const scanned = await passes.scan(layerChunks(layer, store, options, true, counts, undefined, keep, options.passes === undefined), { expected, limits });
     const uncachedBytes = [...keep.uncached].reduce((sum, i) => sum + layer.chunks[i]!.size, 0);
     return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, retainedBytes: keep.bytes, retained: keep, uncachedBytes, release };
   } catch (err) {
@@ -275,12 +292,13 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
 }
 
 /** The deferred cache writes of kept chunks (a few at a time, in the background); never rejects. */
-async function fillCache(pending: { readonly ref: ChunkRef; readonly data: Buffer }[], cache: ChunkCache | undefined): Promise<void> {
+async function fillCache(pending: { readonly ref: ChunkRef; readonly data: Buffer | undefined }[], cache: ChunkCache | undefined): Promise<void> {
   if (cache?.enabled !== true || pending.length === 0) return;
   await Promise.all(
     Array.from({ length: Math.min(DEFERRED_PUTS_IN_FLIGHT, pending.length) }, async () => {
       for (let next = pending.shift(); next !== undefined; next = pending.shift()) {
-        if (next.data.length === next.ref.size) await cache.put(next.ref, next.data).catch(() => false);
+        // Not back from a lent extraction (moved, then its pass failed): not cached, not an error.
+        if (next.data !== undefined && next.data.length === next.ref.size) await cache.put(next.ref, next.data).catch(() => false);
       }
     }),
   );
@@ -292,8 +310,9 @@ async function fillCache(pending: { readonly ref: ChunkRef; readonly data: Buffe
  */
 export async function extractVerifiedLayer(verified: VerifiedLayer, store: ChunkStore, targetDir: string | Promise<string>, options: FetchLayerOptions & { readonly earlyStaging?: EarlyStaging | undefined } = {}): Promise<RestoredLayer> {
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
-  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts, verified.retained), verified.scanned, expectedOf(verified.layer, options), targetDir, {
-    passes: options.passes ?? WORKER_PASSES_TRANSFER,
+  const kept = verified.retained;
+  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts, kept, undefined, options.passes === undefined), verified.scanned, expectedOf(verified.layer, options), targetDir, {
+    passes: options.passes ?? workerPassesLending((i, data) => takeBack(kept, i, data)),
     ...(options.limits ? { limits: options.limits } : {}),
     ...(options.tarPath ? { tarPath: options.tarPath } : {}),
     earlyStaging: options.earlyStaging,

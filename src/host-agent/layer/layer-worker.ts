@@ -1,7 +1,8 @@
 // Entry of a layer worker thread (started by layer-workers.ts): runs one restore pass at a time
 // (restore.ts scanLayer / extractLayer) over chunks the main thread posts, acknowledging each chunk
-// once the pass asks for the next one (so the main thread never has more than a few in flight), and
-// answers the pass's result or its error as plain data.
+// once the pass asks for the next one (so the main thread never has more than a few in flight),
+// handing lent chunks back once the pass is done with them, and answers the pass's result or its
+// error as plain data.
 import { parentPort } from 'node:worker_threads';
 import { serializeLayerError } from './errors.ts';
 import type { FromWorker, ToWorker } from './layer-workers.ts';
@@ -9,7 +10,7 @@ import { extractLayer, scanLayer } from './restore.ts';
 
 const port = parentPort;
 if (port === null) throw new Error('layer-worker.ts runs only as a worker thread');
-const post = (m: FromWorker): void => port.postMessage(m);
+const post = (m: FromWorker, transfer: ArrayBuffer[] = []): void => port.postMessage(m, transfer);
 
 /** Chunks of the current job as an async iterable; ends at 'end', fails at 'abort'. */
 class ChunkQueue implements AsyncIterable<Uint8Array> {
@@ -18,12 +19,29 @@ class ChunkQueue implements AsyncIterable<Uint8Array> {
   private failure: Error | undefined;
   private wake: (() => void) | undefined;
   private taken = 0;
+  private pushed = 0;
+  /** Lent chunks not handed back yet, with their position in the source. */
+  private readonly lent = new Map<Uint8Array, number>();
 
-  constructor(private readonly id: number) {}
+  constructor(
+    private readonly id: number,
+    private readonly lend: boolean,
+  ) {}
 
   push(data: Uint8Array): void {
+    if (this.lend) this.lent.set(data, this.pushed);
+    this.pushed += 1;
     this.items.push(data);
     this.notify();
+  }
+
+  /** The pass no longer reads `data`: a lent chunk goes back to the main thread (moved when it can be). */
+  giveBack(data: Uint8Array): void {
+    const index = this.lent.get(data);
+    if (index === undefined) return;
+    this.lent.delete(data);
+    const movable = !(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+    post({ op: 'returned', id: this.id, index, data }, movable ? [data.buffer as ArrayBuffer] : []);
   }
 
   end(): void {
@@ -62,9 +80,10 @@ let current: { id: number; queue: ChunkQueue } | undefined;
 port.on('message', (m: ToWorker) => {
   switch (m.op) {
     case 'job': {
-      const queue = new ChunkQueue(m.id);
+      const queue = new ChunkQueue(m.id, m.lend);
       current = { id: m.id, queue };
-      const run = m.kind === 'scan' ? scanLayer(queue, m.job) : extractLayer(queue, m.job);
+      const done = m.lend ? (data: Uint8Array): void => queue.giveBack(data) : undefined;
+      const run = m.kind === 'scan' ? scanLayer(queue, m.job, undefined, done) : extractLayer(queue, m.job, done);
       run.then(
         (value) => post({ op: 'result', id: m.id, value }),
         (err: unknown) => post({ op: 'error', id: m.id, error: serializeLayerError(err) }),

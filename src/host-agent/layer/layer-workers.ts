@@ -36,8 +36,8 @@ import(workerData.tsxApi)
 export type JobKind = 'scan' | 'extract';
 
 export type ToWorker =
-  | { op: 'job'; id: number; kind: 'scan'; job: ScanJob }
-  | { op: 'job'; id: number; kind: 'extract'; job: ExtractJob }
+  | { op: 'job'; id: number; kind: 'scan'; job: ScanJob; lend: boolean }
+  | { op: 'job'; id: number; kind: 'extract'; job: ExtractJob; lend: boolean }
   | { op: 'chunk'; id: number; data: Uint8Array }
   | { op: 'end'; id: number }
   | { op: 'abort'; id: number };
@@ -46,6 +46,8 @@ export type FromWorker =
   | { op: 'ready' }
   | { op: 'boot_error'; message: string }
   | { op: 'consumed'; id: number; count: number }
+  /** A lent chunk (JobOptions.returned) the pass no longer reads, by its position in the source. */
+  | { op: 'returned'; id: number; index: number; data: Uint8Array }
   | { op: 'result'; id: number; value: ScannedLayer | RestoredLayer }
   | { op: 'error'; id: number; error: SerializedLayerError };
 
@@ -134,6 +136,13 @@ export interface JobOptions {
    * they are transferred to the worker. Otherwise each is copied (e.g. an array replayed twice).
    */
   readonly transfer?: boolean;
+  /**
+   * The chunks are lent, not given: the worker hands each back (moved again, not copied) once the
+   * pass no longer reads it (the scan: once parsed; the extraction: once tar's pipe took it), with
+   * its position in the source. A chunk the caller keeps for later then needs no copy of its own.
+   * A pass that fails may keep some: the caller must not count on getting every one back.
+   */
+  readonly returned?: (index: number, data: Uint8Array) => void;
 }
 
 /**
@@ -154,6 +163,7 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
     wake?.();
   };
   const onMessage = (m: FromWorker): void => {
+    if (m.op === 'returned' && m.id === id) return options.returned?.(m.index, m.data);
     if (m.op === 'consumed' && m.id === id) consumed = m.count;
     else if (m.op === 'result' && m.id === id) settle({ ok: true, value: m.value });
     else if (m.op === 'error' && m.id === id) settle({ ok: false, error: deserializeLayerError(m.error) });
@@ -168,7 +178,8 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
     while (!done()) await new Promise<void>((r) => (wake = r));
     wake = undefined;
   };
-  worker.postMessage(kind === 'scan' ? { op: 'job', id, kind, job: job as ScanJob } : { op: 'job', id, kind, job: job as ExtractJob });
+  const lend = options.returned !== undefined;
+  worker.postMessage(kind === 'scan' ? { op: 'job', id, kind, job: job as ScanJob, lend } : { op: 'job', id, kind, job: job as ExtractJob, lend });
   let sent = 0;
   let sourceError: unknown;
   let hasSourceError = false;
@@ -206,8 +217,13 @@ export const WORKER_PASSES: LayerPasses = {
   extract: (chunks, job) => runLayerJob('extract', job, chunks),
 };
 
-/** The same, transferring the source's buffers (for sources that yield buffers they own). */
-export const WORKER_PASSES_TRANSFER: LayerPasses = {
-  scan: (chunks, job) => runLayerJob('scan', job, chunks, { transfer: true }),
-  extract: (chunks, job) => runLayerJob('extract', job, chunks, { transfer: true }),
-};
+/**
+ * The same, transferring the source's buffers (for sources that yield buffers they own), each
+ * handed back to `returned` once the pass is done with it (JobOptions.returned).
+ */
+export function workerPassesLending(returned: (index: number, data: Uint8Array) => void): LayerPasses {
+  return {
+    scan: (chunks, job) => runLayerJob('scan', job, chunks, { transfer: true, returned }),
+    extract: (chunks, job) => runLayerJob('extract', job, chunks, { transfer: true, returned }),
+  };
+}

@@ -181,9 +181,10 @@ export function checkDeclaredSize(expected: ExpectedLayer, limits: LayerLimits):
 /**
  * Pass 1: hash and validate the whole stream, writing nothing. Throws LayerRuleError on the first
  * refused header (possibly before the digest is complete: nothing was trusted or written), or
- * LayerTransferError when size or digest differ from `expected`.
+ * LayerTransferError when size or digest differ from `expected`. `done` gets each input once
+ * nothing here reads it any more (the parser and a synchronous `hash` copy what they keep).
  */
-export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamHash | null = job.expected.digestOf === 'chunk-list' ? null : localStreamHash()): Promise<ScannedLayer> {
+export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamHash | null = job.expected.digestOf === 'chunk-list' ? null : localStreamHash(), done?: (input: Uint8Array) => void): Promise<ScannedLayer> {
   const { expected, limits } = job;
   checkDeclaredSize(expected, limits);
   const validator = new LayerValidator(limits);
@@ -196,6 +197,7 @@ export async function scanLayer(chunks: LayerChunks, job: ScanJob, hash: StreamH
       if (size > expected.size) throw new LayerTransferError('layer_size_mismatch', `layer is longer than the expected ${expected.size} bytes`);
       hash?.update(input);
       parser.push(asBuffer(input));
+      done?.(input);
     }
     if (size !== expected.size) throw new LayerTransferError('layer_size_mismatch', `layer has ${size} bytes, expected ${expected.size}`);
     digested = true;
@@ -222,9 +224,10 @@ const DISK_FULL = /No space left on device|Disk quota exceeded/i;
  * Pass 2: convert and extract into `job.staging` with GNU tar. The bytes are the ones pass 1
  * accepted (every chunk re-verified by its digest on the way), and every header is admitted again.
  * Throws LayerTransferError `extract_failed` / `disk_full` when tar fails. Leaves cleanup of the
- * staging dir to the caller.
+ * staging dir to the caller. `done` gets each input once tar's pipe has taken all of it (its data
+ * is written from views of the input).
  */
-export async function extractLayer(chunks: LayerChunks, job: ExtractJob): Promise<RestoredLayer> {
+export async function extractLayer(chunks: LayerChunks, job: ExtractJob, done?: (input: Uint8Array) => void): Promise<RestoredLayer> {
   const { expected, limits } = job;
   const child = spawn(job.tarPath, restoreTarArgs(job.staging), { stdio: ['pipe', 'ignore', 'pipe'] });
   let stderr = '';
@@ -250,7 +253,10 @@ export async function extractLayer(chunks: LayerChunks, job: ExtractJob): Promis
       if (size > expected.size) throw new LayerTransferError('layer_size_mismatch', `layer is longer than the expected ${expected.size} bytes`);
       parser.push(asBuffer(input));
       let writable = true;
-      for (const piece of sink.out) writable = child.stdin.write(piece);
+      const pieces = sink.out;
+      // Pipe writes complete in order: once the last piece is written, so is every view of `input`.
+      for (const [k, piece] of pieces.entries()) writable = child.stdin.write(piece, done !== undefined && k === pieces.length - 1 ? () => done(input) : undefined);
+      if (pieces.length === 0) done?.(input);
       sink.out.length = 0;
       if (!writable && child.exitCode === null) await Promise.race([once(child.stdin, 'drain'), exited]);
     }

@@ -12,7 +12,7 @@ import { pack, type Header } from 'tar-stream';
 import { layerLimits, type LayerLimits, type LayerRefusalReason } from '../../../src/core/layer-rules.ts';
 import { DockerRuntimeError } from '../../../src/docker/errors.ts';
 import { LayerTransferError, layerDataReasonOf, restoreFailureOf } from '../../../src/host-agent/layer/errors.ts';
-import { WORKER_PASSES } from '../../../src/host-agent/layer/layer-workers.ts';
+import { WORKER_PASSES, workerPassesLending } from '../../../src/host-agent/layer/layer-workers.ts';
 import { INLINE_PASSES, extractLayer, restoreLayer, type ExpectedLayer, type LayerPasses } from '../../../src/host-agent/layer/restore.ts';
 import { ChunkStoreError } from '../../../src/store/chunk-store.ts';
 import { AGENT_REFUSAL_REASONS, LAYER_DATA_REASONS, restoreFaultScope } from '../../../src/wire/agent-protocol.ts';
@@ -114,6 +114,37 @@ describe('nothing is written before the whole layer passed', () => {
     expect(extracted).toBe(1);
     expect(readdirSync(parent)).toEqual(['target']);
     expect(readdirSync(join(parent, 'target'))).toHaveLength(500);
+  });
+
+  it('lent chunks come back from the layer worker, each once, by position, with their bytes: after the scan parsed them and after tar\'s pipe took them; a refused pass keeps what it had not finished', async () => {
+    const blob = await tarOf([...many(50), { name: 'big', data: 'z'.repeat(300_000) }, ...many(5).map((e) => ({ name: `late-${e.name}` }))]);
+    // Each piece in an ArrayBuffer of its own, as fetched chunks are (so it can be moved).
+    const split = (): Uint8Array[] => Array.from({ length: Math.ceil(blob.length / 65_536) }, (_, i) => new Uint8Array(blob.subarray(i * 65_536, (i + 1) * 65_536)));
+    for (const kind of ['scan', 'extract'] as const) {
+      const back = new Map<number, Buffer>();
+      const passes = workerPassesLending((index, data) => {
+        expect(back.has(index)).toBe(false);
+        back.set(index, Buffer.from(data));
+      });
+      const chunks = split();
+      const sent = chunks.map((c) => Buffer.from(c)); // what was lent (the originals are moved away)
+      if (kind === 'scan') await passes.scan(chunks, { expected: expectedOf(blob), limits: layerLimits() });
+      else {
+        const staging = mkdtempSync(join(work, 'lent-'));
+        await passes.extract(chunks, { expected: expectedOf(blob), limits: layerLimits(), staging, tarPath: 'tar' });
+        expect(readdirSync(staging)).toHaveLength(56);
+      }
+      expect(chunks.every((c) => c.length === 0)).toBe(true); // moved to the worker, not copied
+      expect([...back.keys()].sort((x, y) => x - y)).toEqual(sent.map((_, i) => i));
+      for (const [i, data] of back) expect(data.equals(sent[i]!)).toBe(true);
+      expect(Buffer.concat(sent).equals(blob)).toBe(true);
+    }
+    // Refused at the last entry: every chunk before the refused one came back, the rest need not.
+    const hostile = await tarOf([...many(50), { name: 'big', data: 'z'.repeat(300_000) }, { name: '../escaped' }]);
+    const back: number[] = [];
+    const parts = Array.from({ length: Math.ceil(hostile.length / 65_536) }, (_, i) => new Uint8Array(hostile.subarray(i * 65_536, (i + 1) * 65_536)));
+    await expect(workerPassesLending((i) => back.push(i)).scan(parts, { expected: expectedOf(hostile), limits: layerLimits() })).rejects.toMatchObject({ reason: 'path_traversal' });
+    expect(back).toEqual(Array.from({ length: parts.length - 1 }, (_, i) => i));
   });
 
   it('a full disk during extraction is the host-level disk_full (a GNU tar stand-in that fails like one, at the tarPath seam)', async () => {
