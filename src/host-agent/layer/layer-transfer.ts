@@ -12,7 +12,7 @@ import { fetchChunksInWorker } from '../../store/chunk-fetch-worker.ts';
 import type { WorkerConnection } from '../../store/nats-auth.ts';
 import { LayerTransferError, restoreFailureOf } from './errors.ts';
 import type { ChunkCache } from './chunk-cache.ts';
-import { workerPassesLending } from './layer-workers.ts';
+import { workerPassesLending, type ChunkLender } from './layer-workers.ts';
 import { checkDeclaredSize, extractIntoTarget, type EarlyStaging, type ExpectedLayer, type LayerPasses, type RestoredLayer, type ScannedLayer } from './restore.ts';
 import { digestOff } from './sha256-pool.ts';
 
@@ -112,7 +112,7 @@ interface ChunkCounts {
  * Chunks pass 1 keeps for pass 2, by index: buffers of their own, moved to the layer worker in pass
  * 2 (their last use), except those still `uncached` (fetched, their cache write deferred to
  * release()), which the layer worker hands back. A chunk lent to the layer worker is `out` until it
- * is back (takeBack); one the worker did not hand back (its pass failed) is simply not kept.
+ * is back (passesOf); one the worker did not hand back (its pass failed) is simply not kept.
  */
 export interface KeptChunks {
   readonly chunks: (Buffer | undefined)[];
@@ -121,9 +121,20 @@ export interface KeptChunks {
   bytes: number;
 }
 
-/** A chunk the layer worker handed back (JobOptions.returned): kept again if it is one of ours. */
-function takeBack(kept: KeptChunks, index: number, data: Uint8Array): void {
-  if (kept.out.delete(index)) kept.chunks[index] = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+/**
+ * The passes a pass over `kept`'s layer runs on: the caller's (`lent` false: every kept chunk the
+ * pass gets is a copy), or by default layer worker passes that borrow the kept chunks that are
+ * `out` and hand them back into `kept` (no copies).
+ */
+function passesOf(options: FetchLayerOptions, kept: KeptChunks): { passes: LayerPasses; lent: boolean } {
+  if (options.passes !== undefined) return { passes: options.passes, lent: false };
+  const lender: ChunkLender = {
+    wants: (index) => kept.out.has(index),
+    back: (index, data) => {
+      if (kept.out.delete(index)) kept.chunks[index] = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    },
+  };
+  return { passes: workerPassesLending(lender), lent: true };
 }
 
 /** A buffer this code alone holds (store reads may be views into the NATS client's receive buffer); `copy`: always a new one. */
@@ -148,7 +159,7 @@ const DEFERRED_PUTS_IN_FLIGHT = 2;
  * cache: a chunk is yielded once its write is done (several writes in flight ahead of the consumer),
  * so the consumer may transfer it to another thread without a copy; kept ones are written by
  * release(). Every yielded buffer is the consumer's, except with `lent`: a consumer that hands
- * chunks back (takeBack) is lent the ones kept in `keep` (pass 1) or still to be cached (pass 2)
+ * chunks back (passesOf) is lent the ones kept in `keep` (pass 1) or still to be cached (pass 2)
  * instead of given a copy of each (two copies of the layer in all, measured: bench/checkpoint).
  */
 async function* layerChunks(layer: LayerRef, store: ChunkStore, options: FetchLayerOptions, fill: boolean, counts: ChunkCounts, retained?: KeptChunks, keep?: KeptChunks, lent = false): AsyncGenerator<Buffer> {
@@ -276,9 +287,8 @@ export async function verifyLayer(layer: LayerRef, store: ChunkStore, options: F
     }));
   };
   try {
-    // The default passes lend kept chunks to the layer worker and take them back (no copies).
-    const passes = options.passes ?? workerPassesLending((i, data) => takeBack(keep, i, data));
-    const scanned = await passes.scan(layerChunks(layer, store, options, true, counts, undefined, keep, options.passes === undefined), { expected, limits });
+    const { passes, lent } = passesOf(options, keep);
+    const scanned = await passes.scan(layerChunks(layer, store, options, true, counts, undefined, keep, lent), { expected, limits });
     const uncachedBytes = [...keep.uncached].reduce((sum, i) => sum + layer.chunks[i]!.size, 0);
     return { layer, scanned, cachedBytes: counts.cachedBytes, fetchedBytes: counts.fetchedBytes, retainedBytes: keep.bytes, retained: keep, uncachedBytes, release };
   } catch (err) {
@@ -310,9 +320,9 @@ async function fillCache(pending: { readonly ref: ChunkRef; readonly data: Buffe
  */
 export async function extractVerifiedLayer(verified: VerifiedLayer, store: ChunkStore, targetDir: string | Promise<string>, options: FetchLayerOptions & { readonly earlyStaging?: EarlyStaging | undefined } = {}): Promise<RestoredLayer> {
   const counts: ChunkCounts = { cachedBytes: 0, fetchedBytes: 0, stored: [] };
-  const kept = verified.retained;
-  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts, kept, undefined, options.passes === undefined), verified.scanned, expectedOf(verified.layer, options), targetDir, {
-    passes: options.passes ?? workerPassesLending((i, data) => takeBack(kept, i, data)),
+  const { passes, lent } = passesOf(options, verified.retained);
+  return extractIntoTarget(() => layerChunks(verified.layer, store, options, false, counts, verified.retained, undefined, lent), verified.scanned, expectedOf(verified.layer, options), targetDir, {
+    passes,
     ...(options.limits ? { limits: options.limits } : {}),
     ...(options.tarPath ? { tarPath: options.tarPath } : {}),
     earlyStaging: options.earlyStaging,

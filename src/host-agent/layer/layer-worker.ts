@@ -23,13 +23,10 @@ class ChunkQueue implements AsyncIterable<Uint8Array> {
   /** Lent chunks not handed back yet, with their position in the source. */
   private readonly lent = new Map<Uint8Array, number>();
 
-  constructor(
-    private readonly id: number,
-    private readonly lend: boolean,
-  ) {}
+  constructor(private readonly id: number) {}
 
-  push(data: Uint8Array): void {
-    if (this.lend) this.lent.set(data, this.pushed);
+  push(data: Uint8Array, lent: boolean): void {
+    if (lent) this.lent.set(data, this.pushed);
     this.pushed += 1;
     this.items.push(data);
     this.notify();
@@ -80,9 +77,9 @@ let current: { id: number; queue: ChunkQueue } | undefined;
 port.on('message', (m: ToWorker) => {
   switch (m.op) {
     case 'job': {
-      const queue = new ChunkQueue(m.id, m.lend);
+      const queue = new ChunkQueue(m.id);
       current = { id: m.id, queue };
-      const done = m.lend ? (data: Uint8Array): void => queue.giveBack(data) : undefined;
+      const done = (data: Uint8Array): void => queue.giveBack(data);
       const run = m.kind === 'scan' ? scanLayer(queue, m.job, undefined, done) : extractLayer(queue, m.job, done);
       run.then(
         (value) => post({ op: 'result', id: m.id, value }),
@@ -93,7 +90,7 @@ port.on('message', (m: ToWorker) => {
       return;
     }
     case 'chunk':
-      if (current?.id === m.id) current.queue.push(m.data);
+      if (current?.id === m.id) current.queue.push(m.data, m.lent === true);
       return;
     case 'end':
       if (current?.id === m.id) current.queue.end();

@@ -36,9 +36,10 @@ import(workerData.tsxApi)
 export type JobKind = 'scan' | 'extract';
 
 export type ToWorker =
-  | { op: 'job'; id: number; kind: 'scan'; job: ScanJob; lend: boolean }
-  | { op: 'job'; id: number; kind: 'extract'; job: ExtractJob; lend: boolean }
-  | { op: 'chunk'; id: number; data: Uint8Array }
+  | { op: 'job'; id: number; kind: 'scan'; job: ScanJob }
+  | { op: 'job'; id: number; kind: 'extract'; job: ExtractJob }
+  /** `lent`: hand it back once the pass is done with it (JobOptions.lend). */
+  | { op: 'chunk'; id: number; data: Uint8Array; lent?: true }
   | { op: 'end'; id: number }
   | { op: 'abort'; id: number };
 
@@ -46,7 +47,7 @@ export type FromWorker =
   | { op: 'ready' }
   | { op: 'boot_error'; message: string }
   | { op: 'consumed'; id: number; count: number }
-  /** A lent chunk (JobOptions.returned) the pass no longer reads, by its position in the source. */
+  /** A lent chunk (JobOptions.lend) the pass no longer reads, by its position in the source. */
   | { op: 'returned'; id: number; index: number; data: Uint8Array }
   | { op: 'result'; id: number; value: ScannedLayer | RestoredLayer }
   | { op: 'error'; id: number; error: SerializedLayerError };
@@ -137,12 +138,18 @@ export interface JobOptions {
    */
   readonly transfer?: boolean;
   /**
-   * The chunks are lent, not given: the worker hands each back (moved again, not copied) once the
-   * pass no longer reads it (the scan: once parsed; the extraction: once tar's pipe took it), with
-   * its position in the source. A chunk the caller keeps for later then needs no copy of its own.
-   * A pass that fails may keep some: the caller must not count on getting every one back.
+   * Chunks the caller lends instead of giving: the worker hands each one `wants` (by its position
+   * in the source, asked as it is sent) back to `back` (moved again, not copied) once the pass no
+   * longer reads it (the scan: once parsed; the extraction: once tar's pipe took it). A chunk the
+   * caller keeps for later then needs no copy of its own. A pass that fails may keep some: the
+   * caller must not count on getting every one back.
    */
-  readonly returned?: (index: number, data: Uint8Array) => void;
+  readonly lend?: ChunkLender;
+}
+
+export interface ChunkLender {
+  wants(index: number): boolean;
+  back(index: number, data: Uint8Array): void;
 }
 
 /**
@@ -163,7 +170,7 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
     wake?.();
   };
   const onMessage = (m: FromWorker): void => {
-    if (m.op === 'returned' && m.id === id) return options.returned?.(m.index, m.data);
+    if (m.op === 'returned' && m.id === id) return options.lend?.back(m.index, m.data);
     if (m.op === 'consumed' && m.id === id) consumed = m.count;
     else if (m.op === 'result' && m.id === id) settle({ ok: true, value: m.value });
     else if (m.op === 'error' && m.id === id) settle({ ok: false, error: deserializeLayerError(m.error) });
@@ -178,8 +185,7 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
     while (!done()) await new Promise<void>((r) => (wake = r));
     wake = undefined;
   };
-  const lend = options.returned !== undefined;
-  worker.postMessage(kind === 'scan' ? { op: 'job', id, kind, job: job as ScanJob, lend } : { op: 'job', id, kind, job: job as ExtractJob, lend });
+  worker.postMessage(kind === 'scan' ? { op: 'job', id, kind, job: job as ScanJob } : { op: 'job', id, kind, job: job as ExtractJob });
   let sent = 0;
   let sourceError: unknown;
   let hasSourceError = false;
@@ -187,9 +193,10 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
     for await (const chunk of chunks) {
       if (settled !== undefined) break; // refused (or failed) early: stop reading
       // Shared memory is shared (never written after a chunk is made); owned buffers are moved; others copied.
-      if (chunk.buffer instanceof SharedArrayBuffer) worker.postMessage({ op: 'chunk', id, data: chunk });
-      else if (options.transfer === true && ownsBuffer(chunk)) worker.postMessage({ op: 'chunk', id, data: chunk }, [chunk.buffer as ArrayBuffer]);
-      else worker.postMessage({ op: 'chunk', id, data: new Uint8Array(chunk) });
+      const lent = options.lend?.wants(sent) === true ? ({ lent: true } as const) : {};
+      if (chunk.buffer instanceof SharedArrayBuffer) worker.postMessage({ op: 'chunk', id, data: chunk, ...lent });
+      else if (options.transfer === true && ownsBuffer(chunk)) worker.postMessage({ op: 'chunk', id, data: chunk, ...lent }, [chunk.buffer as ArrayBuffer]);
+      else worker.postMessage({ op: 'chunk', id, data: new Uint8Array(chunk), ...lent });
       sent += 1;
       await waitFor(() => settled !== undefined || sent - consumed < AHEAD);
     }
@@ -218,12 +225,12 @@ export const WORKER_PASSES: LayerPasses = {
 };
 
 /**
- * The same, transferring the source's buffers (for sources that yield buffers they own), each
- * handed back to `returned` once the pass is done with it (JobOptions.returned).
+ * The same, transferring the source's buffers (for sources that yield buffers they own), the ones
+ * `lend` wants handed back to it once the pass is done with them (JobOptions.lend).
  */
-export function workerPassesLending(returned: (index: number, data: Uint8Array) => void): LayerPasses {
+export function workerPassesLending(lend: ChunkLender): LayerPasses {
   return {
-    scan: (chunks, job) => runLayerJob('scan', job, chunks, { transfer: true, returned }),
-    extract: (chunks, job) => runLayerJob('extract', job, chunks, { transfer: true, returned }),
+    scan: (chunks, job) => runLayerJob('scan', job, chunks, { transfer: true, lend }),
+    extract: (chunks, job) => runLayerJob('extract', job, chunks, { transfer: true, lend }),
   };
 }

@@ -122,9 +122,12 @@ describe('nothing is written before the whole layer passed', () => {
     const split = (): Uint8Array[] => Array.from({ length: Math.ceil(blob.length / 65_536) }, (_, i) => new Uint8Array(blob.subarray(i * 65_536, (i + 1) * 65_536)));
     for (const kind of ['scan', 'extract'] as const) {
       const back = new Map<number, Buffer>();
-      const passes = workerPassesLending((index, data) => {
-        expect(back.has(index)).toBe(false);
-        back.set(index, Buffer.from(data));
+      const passes = workerPassesLending({
+        wants: () => true,
+        back: (index, data) => {
+          expect(back.has(index)).toBe(false);
+          back.set(index, Buffer.from(data));
+        },
       });
       const chunks = split();
       const sent = chunks.map((c) => Buffer.from(c)); // what was lent (the originals are moved away)
@@ -143,8 +146,12 @@ describe('nothing is written before the whole layer passed', () => {
     const hostile = await tarOf([...many(50), { name: 'big', data: 'z'.repeat(300_000) }, { name: '../escaped' }]);
     const back: number[] = [];
     const parts = Array.from({ length: Math.ceil(hostile.length / 65_536) }, (_, i) => new Uint8Array(hostile.subarray(i * 65_536, (i + 1) * 65_536)));
-    await expect(workerPassesLending((i) => back.push(i)).scan(parts, { expected: expectedOf(hostile), limits: layerLimits() })).rejects.toMatchObject({ reason: 'path_traversal' });
+    await expect(workerPassesLending({ wants: () => true, back: (i) => void back.push(i) }).scan(parts, { expected: expectedOf(hostile), limits: layerLimits() })).rejects.toMatchObject({ reason: 'path_traversal' });
     expect(back).toEqual(Array.from({ length: parts.length - 1 }, (_, i) => i));
+    // Only the chunks the lender wants come back (the others are the worker's to drop).
+    const even: number[] = [];
+    await workerPassesLending({ wants: (i) => i % 2 === 0, back: (i) => void even.push(i) }).scan(split(), { expected: expectedOf(blob), limits: layerLimits() });
+    expect(even).toEqual(split().flatMap((_, i) => (i % 2 === 0 ? [i] : [])));
   });
 
   it('a full disk during extraction is the host-level disk_full (a GNU tar stand-in that fails like one, at the tarPath seam)', async () => {
