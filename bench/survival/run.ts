@@ -3,8 +3,8 @@
 // notice saves. Real nats-server, three real dockerd hosts, real host agents (child processes, so a
 // host can be SIGKILLed), a real leading ControlPlane (bench/survival/scenario.ts).
 //   1. The same seeded workload (conversations × random turns, each writing its native session file
-//      like the CLI, idle gaps uniform in [0, 2 × gap]) once per setting: idleStopAfter 0, 1 min,
-//      10 min and never; the host holding the most groups is killed without warning (agent and
+//      like the CLI, idle gaps uniform in [0, 2 × gap]) once per setting: idleStopAfter 0, 0 with
+//      protect_in_background (0-background), 1 min, 10 min and never; the host holding the most groups is killed without warning (agent and
 //      dockerd SIGKILL, data root deleted) at a random moment. survived_fraction_not_mid_turn = groups
 //      of that host restored with their session / its groups with no turn in flight at the death;
 //      restored_older_than_last_turn counts restored sessions missing a completed turn (must be 0).
@@ -60,9 +60,11 @@ function percentile(xs: readonly number[], p: number): number {
 }
 
 // A smoke run measures idle 0 only; its baseline is its own begins on running groups (first turns).
-const SETTINGS: readonly { readonly name: string; readonly idle: IdleStopAfter }[] = run.smoke
-  ? [{ name: '0', idle: 0 }]
-  : [{ name: '0', idle: 0 }, { name: '1min', idle: 60_000 / COMPRESS }, { name: '10min', idle: 600_000 / COMPRESS }, { name: 'never', idle: 'never' }];
+// `0-background`: idle 0 with every completion asking protect_in_background (the stop and checkpoint
+// follow the answer): the turn costs the restart only, the conversation is unprotected meanwhile.
+const SETTINGS: readonly { readonly name: string; readonly idle: IdleStopAfter; readonly background?: boolean }[] = run.smoke
+  ? [{ name: '0', idle: 0 }, { name: '0-background', idle: 0, background: true }]
+  : [{ name: '0', idle: 0 }, { name: '0-background', idle: 0, background: true }, { name: '1min', idle: 60_000 / COMPRESS }, { name: '10min', idle: 600_000 / COMPRESS }, { name: 'never', idle: 'never' }];
 
 async function spotOnly(): Promise<void> {
   // A development aid: the spot capacity part alone, printed, never written as the bench's result.
@@ -81,7 +83,7 @@ async function main(): Promise<void> {
     log(`setting ${s.name}: ${CONVERSATIONS} conversations (${REAL_CLAUDE} on the real Claude Code), workload ${WORKLOAD_MS} ms, seed ${SEED}`);
     runs[s.name] = await runSurvival({
       conversations: CONVERSATIONS, idleStopAfterMs: s.idle, workloadMs: WORKLOAD_MS, meanGapMs: (GAP_MIN * 60_000) / COMPRESS, turnMs: [200, 1_500],
-      seed: SEED, mode: 'kill', realClaude: REAL_CLAUDE, log,
+      seed: SEED, mode: 'kill', realClaude: REAL_CLAUDE, log, ...(s.background === true ? { protectInBackground: true } : {}),
     });
     const r = runs[s.name]!;
     log(`setting ${s.name}: ${r.victim} died with ${r.groupsOnVictim} groups; survived_fraction_not_mid_turn ${r.survivedFractionNotMidTurn.toFixed(3)}; violations ${r.violations.length}`);
@@ -102,6 +104,12 @@ async function main(): Promise<void> {
   const p99Over = percentile(calls0, 99) - percentile(callsNever, 99);
   const restartP50 = percentile(idle0.beginStoppedMs, 50);
   const restartP99 = percentile(idle0.beginStoppedMs, 99);
+  // The same for idle 0 with the protection after the answer, against the same baseline.
+  const bg = runs['0-background']!;
+  const callsBg = never === undefined ? [...bg.beginStoppedMs, ...bg.beginRunningMs] : bg.turnCallsMs;
+  const bgOverP50 = percentile(callsBg, 50) - percentile(callsNever, 50);
+  const bgOverP99 = percentile(callsBg, 99) - percentile(callsNever, 99);
+  const bgRestartP50 = percentile(bg.beginStoppedMs, 50);
   const fractions = Object.fromEntries(Object.entries(runs).map(([k, r]) => [k, r.survivedFractionNotMidTurn]));
   const perSetting = Object.fromEntries(Object.entries(runs).map(([k, r]) => {
     const by = (f: (o: SurvivalResult['outcomes'][number]) => boolean) => r.outcomes.filter(f).length;
@@ -125,6 +133,7 @@ async function main(): Promise<void> {
     `death: the host holding the most groups, at a random moment in the second half of the workload: agent (child process) and dockerd SIGKILLed, data root deleted. A group survives when it was stopped cleanly with a checkpoint of its state: restored on another host, its next turn RESTORED with the same locator and every completed turn in its session file.`,
     `idle 0: CompleteTurn answers only once the group is stopped cleanly with a checkpoint of its state, so a conversation not mid-turn for its runner (it holds the answer of its last turn) is protected unless that completion reported it could not be (turn_end_unprotected): ${idle0.unprotectedNotMidTurn} of the dead host's ${idle0.groupsOnVictim} groups had no turn in flight and were unprotected at the death (${idle0.reportedUnprotected} of them reported), ${idle0.outcomes.filter((x) => x.midTurn).length} were mid-turn (a begin, the turn, or its completion's stop and checkpoint under way); survived_fraction_not_mid_turn_idle0 = ${idle0.survivedFractionNotMidTurn.toFixed(3)}.`,
     `turn overhead of idle 0 (BeginTurn + CompleteTurn per completed turn): p50 ${percentile(calls0, 50).toFixed(0)} ms / p99 ${percentile(calls0, 99).toFixed(0)} ms (idle 0, ${calls0.length} turns) vs ${percentile(callsNever, 50).toFixed(0)} / ${percentile(callsNever, 99).toFixed(0)} ms (${never === undefined ? 'this run\'s begins on running groups' : `never, ${callsNever.length} turns`}). CompleteTurn alone p50/p99 ${percentile(idle0.completeMs, 50).toFixed(0)}/${percentile(idle0.completeMs, 99).toFixed(0)} ms (idle 0: clean stop + checkpoint before the answer) vs ${never === undefined ? 'n/a' : `${percentile(never.completeMs, 50).toFixed(0)}/${percentile(never.completeMs, 99).toFixed(0)} ms (never)`}; BeginTurn p50/p99 ${percentile(begins0, 50).toFixed(0)}/${percentile(begins0, 99).toFixed(0)} ms (idle 0, ${idle0.beginStoppedMs.length} of ${begins0.length} on stopped groups: container start + attach, p50/p99 ${restartP50.toFixed(0)}/${restartP99.toFixed(0)} ms) vs ${percentile(beginsNever, 50).toFixed(0)}/${percentile(beginsNever, 99).toFixed(0)} ms (running groups). The CLI's own part of a turn is the same in both.`,
+    `idle 0 with protect_in_background (setting 0-background: the completion answers first, the clean stop and checkpoint follow it): turn overhead p50 ${bgOverP50.toFixed(0)} ms / p99 ${bgOverP99.toFixed(0)} ms against a restart (BeginTurn on a stopped group) of p50 ${bgRestartP50.toFixed(0)} ms (${bg.beginStoppedMs.length} of ${bg.beginStoppedMs.length + bg.beginRunningMs.length} begins on stopped groups); CompleteTurn p50/p99 ${percentile(bg.completeMs, 50).toFixed(0)}/${percentile(bg.completeMs, 99).toFixed(0)} ms. The price: between an answer and its checkpoint the conversation is unprotected and a host lost then loses it (LOST, reported): ${bg.unprotectedNotMidTurn} of the dead host's ${bg.groupsOnVictim} groups had no turn in flight and were unprotected at the death; survived_fraction_not_mid_turn_idle0_background = ${bg.survivedFractionNotMidTurn.toFixed(3)}.`,
     `spot: ${spot.groups} running groups × ${spot.mibPerGroup} MiB on one host, notice ${spot.noticeMs / 1000} s: ${spot.savedBeforeDeadline} clean-stopped and checkpointed off the host before the deadline as the host reported it (${spot.checkpointedWithinNotice} checkpoints created within the notice), all saved after ${spot.allSavedMs === undefined ? 'n/a' : `${(spot.allSavedMs / 1000).toFixed(1)} s`}, all restored elsewhere after ${spot.allRestoredMs === undefined ? 'n/a' : `${(spot.allRestoredMs / 1000).toFixed(1)} s`}; load ${loadAtSpot.map((x) => x.toFixed(2)).join('/')} at its start. Where the time went (spot_profile, from the groups' events): waiting for a slot p50 ${spot.profile.queuedMs.p50} ms (max ${spot.profile.queuedMs.max}), clean stop p50 ${spot.profile.stopMs.p50} ms (p90 ${spot.profile.stopMs.p90}), checkpoint (capture of ${spot.mibPerGroup} MiB into the chunk store) p50 ${spot.profile.checkpointMs.p50} ms (p90 ${spot.profile.checkpointMs.p90}), at most ${spot.profile.maxConcurrentCheckpoints} checkpoints at once; checkpoints per 5 s after the notice: ${spot.profile.checkpointsPer5s.join(', ')}.`,
   ];
   const busiest = Math.max(run.loadAverageStart[0] ?? 0, loadAtSpot[0] ?? 0);
@@ -138,9 +147,16 @@ async function main(): Promise<void> {
     time_compression: COMPRESS,
     survived_fraction_not_mid_turn: fractions,
     survived_fraction_not_mid_turn_idle0: idle0.survivedFractionNotMidTurn,
+    survived_fraction_not_mid_turn_idle0_background: bg.survivedFractionNotMidTurn,
     restored_older_than_last_turn: Object.values(runs).reduce((n, r) => n + r.restoredOlderThanLastTurn, 0),
     turn_overhead_p50_ms_idle0: p50Over,
     turn_overhead_p99_ms_idle0: p99Over,
+    turn_overhead_p50_ms_idle0_background: bgOverP50,
+    turn_overhead_p99_ms_idle0_background: bgOverP99,
+    restart_begin_p50_ms_idle0_background: bgRestartP50,
+    complete_turn_p50_ms_idle0_background: percentile(bg.completeMs, 50),
+    complete_turn_p99_ms_idle0_background: percentile(bg.completeMs, 99),
+    turn_overhead_within_restart_idle0_background: bgOverP50 <= bgRestartP50,
     restart_begin_p50_ms: restartP50,
     restart_begin_p99_ms: restartP99,
     begin_p50_ms_idle0: percentile(begins0, 50),

@@ -68,6 +68,11 @@ export interface SurvivalOptions {
   /** Incompressible bytes written into each turn's layer (a CLI writing files), 0 for none. */
   readonly bytesPerTurn?: number;
   /**
+   * idle 0: every completion (CompleteTurn, RunTurn) asks protect_in_background: it answers first
+   * and its group is stopped and checkpointed after (the runner's turn does not wait for that).
+   */
+  readonly protectInBackground?: boolean;
+  /**
    * Kill mode: from the chosen moment on, the host dies the instant a CompleteTurn of one of its
    * groups has answered (in that answer's continuation, before anything else runs): with
    * idleStopAfter 0 that conversation must be restored (its answer means protected).
@@ -238,11 +243,11 @@ interface Conversation {
 }
 
 /** A whole turn through the fleet's RunTurn (the backend the gRPC API serves): its begin, its end, or what it failed with. */
-async function runTurnOf(cp: ControlPlane, key: string, c: Conversation, marker: string, signal: AbortSignal): Promise<{ begun: BeginTurnView | undefined; end: RunTurnEndView | undefined; error: unknown }> {
+async function runTurnOf(cp: ControlPlane, key: string, c: Conversation, marker: string, signal: AbortSignal, protectInBackground = false): Promise<{ begun: BeginTurnView | undefined; end: RunTurnEndView | undefined; error: unknown }> {
   let begun: BeginTurnView | undefined;
   let end: RunTurnEndView | undefined;
   try {
-    for await (const e of cp.exec.runTurn({ idempotencyKey: key, groupId: c.groupId, memberId: 'm1', prompt: `Please remember ${marker}.`, model: '', timeoutMs: 120_000 }, signal)) {
+    for await (const e of cp.exec.runTurn({ idempotencyKey: key, groupId: c.groupId, memberId: 'm1', prompt: `Please remember ${marker}.`, model: '', timeoutMs: 120_000, ...(protectInBackground ? { protectInBackground } : {}) }, signal)) {
       if (e.kind === 'begun') begun = e.begun;
       else if (e.kind === 'end') end = e.end;
     }
@@ -355,7 +360,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
       c.uncertain.push(marker);
       c.abort = new AbortController();
       const t0 = performance.now();
-      const { begun, end, error } = await runTurnOf(cp, key(), c, marker, c.abort.signal);
+      const { begun, end, error } = await runTurnOf(cp, key(), c, marker, c.abort.signal, o.protectInBackground === true);
       if (c.frozen) return 'failed'; // answered after the death (or the caller left at it)
       if (begun === undefined || end === undefined || !end.evidence.succeeded || end.observedLocator === undefined) {
         realFailures.push(`${c.conversationId} ${marker} ${begun === undefined ? 'not begun' : 'did not end well'}: ${error !== undefined ? String(error) : JSON.stringify(end?.evidence ?? 'no end')}`);
@@ -395,7 +400,7 @@ export async function runSurvival(o: SurvivalOptions): Promise<SurvivalResult> {
         await writeBytes(docker, begun.containerId, o.bytesPerTurn ?? 0, c.completed + 1);
         await sleep(o.turnMs[0] + rnd() * (o.turnMs[1] - o.turnMs[0]));
         const t1 = performance.now();
-        await cp.runner.completeTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: c.locator, evidence: EXITED });
+        await cp.runner.completeTurn({ idempotencyKey: key(), groupId: c.groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: c.locator, evidence: EXITED, ...(o.protectInBackground === true ? { protectInBackground: true } : {}) });
         if (c.frozen) return 'failed'; // answered after the death: its host was gone meanwhile
         completeMs.push(performance.now() - t1);
         turnCallsMs.push(ms + performance.now() - t1);

@@ -232,7 +232,7 @@ async function scenario(fsync: FsyncPolicy, pki: TestPki): Promise<Scenario> {
 
     // Ceiling 1: bare grpc-js echo with the same message sizes, same TLS, same client.
     const beginAnswer: BeginTurnResponse = { turnId: `t-${'0'.repeat(32)}`, contextState: ContextState.LIVE, locator: 'sess-1', hostId: HOST, hostEpoch: 1, placementGeneration: 1, containerId: '0'.repeat(64), startedAtUnixMs: Date.now(), slotReclaimed: false };
-    const completeAnswer: CompleteTurnResponse = { sessionKept: true, savedLocator: 'sess-1', nextContextState: ContextState.LIVE, reason: '', groupProtected: false };
+    const completeAnswer: CompleteTurnResponse = { sessionKept: true, savedLocator: 'sess-1', nextContextState: ContextState.LIVE, reason: '', groupProtected: false, protectionPending: false };
     const echo: RunnerServiceServer = {
       openGroup: (_call, cb) => cb({ code: grpc.status.UNIMPLEMENTED }),
       stopGroup: (_call, cb) => cb({ code: grpc.status.UNIMPLEMENTED }),

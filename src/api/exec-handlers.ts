@@ -125,6 +125,7 @@ async function* runTurn(backend: ExecBackend, request: RunTurnRequest, ctx: Call
     locator: request.locator,
     model: request.model,
     timeoutMs: request.timeoutMs,
+    ...(request.protectInBackground ? { protectInBackground: true } : {}),
   }, ctx.signal);
   for await (const e of events) {
     switch (e.kind) {

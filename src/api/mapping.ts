@@ -236,6 +236,7 @@ export function completeTurnFromProto(request: CompleteTurnRequest): CompleteTur
     turnId: must(parseTurnId(request.turnId, 'turn_id')),
     observedLocator: observed === undefined || observed === '' ? undefined : must(parseLocator(observed, 'observed_locator')),
     evidence: evidenceFromProto(request),
+    ...(request.protectInBackground ? { protectInBackground: true } : {}),
   };
 }
 
@@ -323,6 +324,7 @@ export function completeTurnToProto(v: CompleteTurnView): CompleteTurnResponse {
     // The outcome is the machine reason whenever the session was not kept as a plain success.
     reason: v.outcome === 'completed' ? '' : v.outcome,
     groupProtected: v.groupProtected === true,
+    protectionPending: v.protectionPending === true,
   };
 }
 

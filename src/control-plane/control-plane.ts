@@ -118,6 +118,7 @@ export class ControlPlane {
   readonly repos: Repositories;
   readonly fleet: FleetState;
   readonly runner: RunnerBackend;
+  readonly #runner: ControlPlaneRunnerBackend;
   /** Exec and RunTurn (R-I9): processes and whole turns in member containers, through the fleet. */
   readonly exec: ExecBackend;
   readonly registry: HostRegistry;
@@ -178,7 +179,8 @@ export class ControlPlane {
       replicaId: opts.replicaId,
     };
     this.leader = opts.elector ?? new LeaderElector(opts.store.repository('leadership', LeadershipRecordSchema), opts.replicaId, now, logger);
-    this.runner = new ControlPlaneRunnerBackend(this.ctx);
+    this.#runner = new ControlPlaneRunnerBackend(this.ctx);
+    this.runner = this.#runner;
     const relay = new ExecRelay(this.ctx, opts.nc);
     const turns = new TurnRunner(this.ctx, this.runner, relay);
     this.exec = { exec: (input, signal) => relay.exec(input, signal), runTurn: (input, signal) => turns.runTurn(input, signal) };
@@ -444,7 +446,7 @@ export class ControlPlane {
 
   /** Wait until both reconcile queues have nothing ready or running (tests). */
   async whenIdle(): Promise<void> {
-    await Promise.all([this.#hostQueue.whenIdle(), this.#groupQueue.whenIdle(), this.idle.whenIdle(), this.spot.whenIdle()]);
+    await Promise.all([this.#hostQueue.whenIdle(), this.#groupQueue.whenIdle(), this.idle.whenIdle(), this.spot.whenIdle(), this.#runner.whenBackgroundIdle()]);
   }
 
   /** Operator drain (R-H5): the host's groups are stopped cleanly, checkpointed and moved. */

@@ -331,6 +331,12 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
   readonly #freshnessMs: number;
   #fastBegins = 0;
   #agentBegins = 0;
+  /**
+   * Groups being protected after a completion answered (protectInBackground), one run per group;
+   * `again`: another completion asked meanwhile, so the run goes once more (the first may have
+   * found that completion's turn still in flight and left the group unprotected).
+   */
+  readonly #background = new Map<string, { again: boolean; done: Promise<void> }>();
 
   constructor(private readonly ctx: RunnerBackendDeps) {
     this.#ops = new GroupOps(ctx);
@@ -882,7 +888,45 @@ export class ControlPlaneRunnerBackend implements RunnerBackend {
         if (!(err instanceof CasConflictError) || attempt >= CAS_ATTEMPTS) throw hostFailure(err);
       }
     }
+    if (input.protectInBackground === true) return this.#protectAfterAnswer(groupId, memberId, turnId, view);
     return this.#protectAfterTurn(groupId, memberId, turnId, view);
+  }
+
+  /** Background protections still running (tests, shutdown). */
+  async whenBackgroundIdle(): Promise<void> {
+    while (this.#background.size > 0) await Promise.allSettled([...this.#background.values()].map((b) => b.done));
+  }
+
+  /**
+   * idleStopAfter 0 with protectInBackground: the answer goes now and the group is stopped and
+   * checkpointed after it, by the same steps as #protectAfterTurn (compare-and-set: a next turn that
+   * begins first wins and the stop is not taken). Until then the group counts as unprotected (the
+   * protection gauges); if this process dies first, the idle queue takes the group over once the
+   * completing call's hand-off time has passed, as for a synchronous completion that failed.
+   */
+  async #protectAfterAnswer(groupId: string, memberId: string, turnId: string, view: CompleteTurnView): Promise<CompleteTurnView> {
+    const g = this.#groups.get(groupId)?.value ?? (await this.#ops.get(groupId)).value;
+    if (isTerminal(g) || (g.idleStopAfterMs ?? this.ctx.config.idleStopAfterMs) !== 0) return view;
+    const running = this.#background.get(groupId);
+    if (running !== undefined) {
+      running.again = true;
+      return { ...view, protectionPending: true };
+    }
+    const entry = { again: false, done: Promise.resolve() };
+    entry.done = (async () => {
+      try {
+        do {
+          entry.again = false;
+          await this.#protectAfterTurn(groupId, memberId, turnId, view);
+        } while (entry.again);
+      } catch (err) {
+        this.ctx.logger.warn({ groupId, memberId, turnId, err }, 'protecting a group after its completion answered failed; the idle queue retries');
+      } finally {
+        this.#background.delete(groupId);
+      }
+    })();
+    this.#background.set(groupId, entry);
+    return { ...view, protectionPending: true };
   }
 
   /**

@@ -448,7 +448,7 @@ export class TurnRunner {
     const complete = async (evidence: TurnEvidenceInput, observedLocator: string | undefined, exit: ExecExitView | undefined): Promise<RunTurnEndView> => {
       completing.now = true;
       const completion = await this.#runner.completeTurn(
-        { idempotencyKey: completeKey, groupId: input.groupId, memberId: input.memberId, turnId: begun.turnId, ...(observedLocator !== undefined ? { observedLocator } : {}), evidence },
+        { idempotencyKey: completeKey, groupId: input.groupId, memberId: input.memberId, turnId: begun.turnId, ...(observedLocator !== undefined ? { observedLocator } : {}), evidence, ...(input.protectInBackground === true ? { protectInBackground: true } : {}) },
         { process: turnProcess },
       );
       this.deps.metrics.runTurns.inc({ cli, ended: evidence.nativeTurnEnded ? (evidence.succeeded ? 'succeeded' : 'failed') : 'not_ended' });

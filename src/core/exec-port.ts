@@ -97,6 +97,8 @@ export interface RunTurnInput {
   readonly locator?: string | undefined;
   readonly model: string;
   readonly timeoutMs: number;
+  /** As CompleteTurnInput.protectInBackground, for the completion the turn ends with. */
+  readonly protectInBackground?: boolean | undefined;
 }
 
 export interface RunTurnEndView {

@@ -126,6 +126,11 @@ export interface CompleteTurnInput {
   readonly turnId: string;
   readonly observedLocator?: string | undefined;
   readonly evidence: TurnEvidenceInput;
+  /**
+   * idle_stop_after 0: answer once the turn's end is stored and protect the group (clean stop and
+   * checkpoint) after the answer (CompleteTurnView.protectionPending), not before it.
+   */
+  readonly protectInBackground?: boolean | undefined;
 }
 
 export interface CompleteTurnView {
@@ -139,6 +144,8 @@ export interface CompleteTurnView {
    * 0): the conversation survives the loss of its host. False/absent: it is not (yet) protected.
    */
   readonly groupProtected?: boolean | undefined;
+  /** protectInBackground was asked: the group is stopped and checkpointed after this answer. */
+  readonly protectionPending?: boolean | undefined;
 }
 
 export interface StopGroupInput {

@@ -228,6 +228,12 @@ export interface CompleteTurnArgs {
   readonly turnId: string;
   readonly observedLocator?: string | undefined;
   readonly evidence: WireTurnEndEvidence;
+  /**
+   * idle_stop_after 0: answer once the turn's end is stored; the stop and checkpoint follow the
+   * answer (response.protectionPending) instead of preceding it. Faster turns, but the conversation
+   * is unprotected until the checkpoint is taken (see runner.proto).
+   */
+  readonly protectInBackground?: boolean;
 }
 
 export interface StopGroupArgs {
@@ -244,6 +250,8 @@ export interface RunTurnArgs {
   /** Omit to resume the saved locator (R-S3). */
   readonly locator?: string;
   readonly model?: string;
+  /** As CompleteTurnArgs.protectInBackground, for the completion that ends the turn. */
+  readonly protectInBackground?: boolean;
 }
 
 export interface ExecArgs {
@@ -410,6 +418,7 @@ export class RunnerClient {
       turnId: args.turnId,
       ...(args.observedLocator !== undefined ? { observedLocator: args.observedLocator } : {}),
       evidence: args.evidence,
+      protectInBackground: args.protectInBackground === true,
     }));
   }
 
@@ -443,6 +452,7 @@ export class RunnerClient {
       : options.timeoutMs !== undefined && options.timeoutMs > 0 ? Date.now() + options.timeoutMs + RUN_TURN_MARGIN_MS : Infinity;
     const call = this.#client.runTurn({
       idempotencyKey, groupId: args.groupId, memberId: args.memberId, prompt: args.prompt, model: args.model ?? '', timeoutMs: options.timeoutMs ?? 0,
+      protectInBackground: args.protectInBackground === true,
       ...(args.locator !== undefined ? { locator: args.locator } : {}),
     }, new grpc.Metadata(), { deadline });
     const onAbort = (): void => call.cancel();

@@ -264,7 +264,7 @@ function applyComplete(model: Model, m: MemberModel, observed: string | undefine
     if (phase !== 'RETAINED' || outcome === 'locator_mismatch') m.processKept = false;
   };
   const ok = (outcome: Outcome): Expected => ({
-    response: { sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason: outcome === 'completed' ? '' : outcome, groupProtected: false },
+    response: { sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason: outcome === 'completed' ? '' : outcome, groupProtected: false, protectionPending: false },
   });
   if (!native) {
     finish('UNCONFIRMED', 'unconfirmed');
@@ -391,7 +391,7 @@ class StaleCompleteCmd implements Cmd {
     } else if (a.ok) {
       // A repeat of a completed turn answers its recorded outcome and changes nothing.
       const reason = m.lastTurn.outcome === 'completed' ? '' : m.lastTurn.outcome;
-      expect(a.value, this.toString()).toEqual({ sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason, groupProtected: false });
+      expect(a.value, this.toString()).toEqual({ sessionKept: m.phase === 'RETAINED', savedLocator: m.saved ?? '', nextContextState: nextCtx(m), reason, groupProtected: false, protectionPending: false });
     } else {
       // A refused turn end may be refused again; anything else is wrong.
       expect(`${a.code}/${a.reason}`, this.toString()).toBe(`FAILED_PRECONDITION/${m.lastTurn.outcome}`);

@@ -6,7 +6,8 @@
 // the answer stands, and the metric and a turn_end_unprotected event say the group is not protected
 // yet. A chunk GC sweep that holds its lock when the turn ends is waited out (bounded): the answer
 // still means protected. The fleet's default is `never` here, so nothing but the completion stops
-// the groups.
+// the groups. With protect_in_background the completion answers first and the same steps follow
+// it (a next turn begun meanwhile wins, and its own completion protects the group).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ChunkGcLocks } from '../../../src/control-plane/chunk-gc-locks.ts';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
@@ -136,5 +137,59 @@ describe('idle_stop_after 0: the completion answers once the group is protected'
     await fleet.writeSession(next.hostId, next.containerId, 'sess-fail');
     expect((await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: next.turnId, observedLocator: 'sess-fail', evidence: EXITED })).groupProtected).toBe(true);
     expect(await protectedNow(g)).toBe(true);
+  });
+});
+
+describe('idle_stop_after 0 with protect_in_background: the completion answers first, the group is protected after', () => {
+  async function waitProtected(groupId: string): Promise<void> {
+    await fleet.waitFor(`${groupId} protected after the answer`, async () => ((await protectedNow(groupId)) ? true : undefined), 30_000);
+  }
+
+  it('answers protection_pending before the stop; the group is then stopped cleanly and checkpointed; the next turn is RESTORED with the same locator', async () => {
+    const g = await open('conv-bg', 0);
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-bg');
+    const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-bg', evidence: EXITED, protectInBackground: true });
+    // The answer came before the clean stop: not protected yet, and it says so.
+    expect(await protectedNow(g)).toBe(false);
+    expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-bg', protectionPending: true });
+    expect(done.groupProtected).not.toBe(true);
+    await waitProtected(g);
+    const rec = await fleet.group(g);
+    expect(rec.lifecycle.stop?.clean).toBe(true);
+    const next = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    expect(next.contextState).toBe('RESTORED');
+    expect(next.locator).toBe('sess-bg');
+    await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: next.turnId, observedLocator: 'sess-bg', evidence: EXITED, protectInBackground: true });
+    await waitProtected(g);
+    await plane.whenIdle();
+  });
+
+  it('a next turn begun right after the answer wins the race: it runs to its end, no stop lands mid-turn, and its own completion protects the group', async () => {
+    const g = await open('conv-bg-race', 0);
+    for (let i = 0; i < 4; i++) {
+      const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+      await fleet.writeSession(begun.hostId, begun.containerId, 'sess-bg-race');
+      // The turn is in flight: whatever the background protection of the previous turn does, it
+      // must leave the group running until this turn completes.
+      const mid = await fleet.group(g);
+      expect(mid.lifecycle.state).toBe('RUNNING');
+      const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-bg-race', evidence: EXITED, protectInBackground: true });
+      expect(done).toMatchObject({ outcome: 'completed', savedLocator: 'sess-bg-race', protectionPending: true });
+    }
+    await waitProtected(g);
+    const events = (await fleet.store.events.read({ subjectKind: 'group', subjectId: g, limit: 200 })).events.map((e) => e.event);
+    expect(events.filter((e) => e.type === 'turn_end_unprotected' && e.reason !== 'turn_in_flight')).toEqual([]);
+    expect((await fleet.group(g)).lifecycle.stop?.clean).toBe(true);
+  });
+
+  it('is ignored with a setting other than 0: no protection pending, the group keeps running', async () => {
+    const g = await open('conv-bg-never', 'never');
+    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1' });
+    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-bg-never');
+    const done = await plane.runner.completeTurn({ idempotencyKey: key(), groupId: g, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-bg-never', evidence: EXITED, protectInBackground: true });
+    expect(done.protectionPending).not.toBe(true);
+    await plane.whenIdle();
+    expect((await fleet.group(g)).lifecycle.state).toBe('RUNNING');
   });
 });

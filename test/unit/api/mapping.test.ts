@@ -29,7 +29,7 @@ const EVIDENCE: TurnEndEvidence = successEvidence();
 
 const OPEN: OpenGroupRequest = { idempotencyKey: 'k-1', conversationId: 'conv-1', members: [{ memberId: 'm1', kind: CliKind.CLAUDE_CODE }] };
 const BEGIN: BeginTurnRequest = { idempotencyKey: 'k-2', groupId: 'g-1', memberId: 'm1' };
-const COMPLETE: CompleteTurnRequest = { idempotencyKey: 'k-3', groupId: 'g-1', memberId: 'm1', turnId: 't-1', observedLocator: 'sess-1', evidence: EVIDENCE };
+const COMPLETE: CompleteTurnRequest = { idempotencyKey: 'k-3', groupId: 'g-1', memberId: 'm1', turnId: 't-1', observedLocator: 'sess-1', evidence: EVIDENCE, protectInBackground: false };
 const STOP: StopGroupRequest = { idempotencyKey: 'k-4', groupId: 'g-1', graceMs: 0 };
 
 /** Runs `f`, expects an InvalidArgument, returns (reason, field). */
@@ -212,8 +212,14 @@ describe('enum tables', () => {
 
   it('reports the outcome as reason only when the turn was not a plain success', () => {
     expect(completeTurnToProto({ outcome: 'completed', sessionKept: true, savedLocator: 's' as never, nextContextState: 'LIVE' }).reason).toBe('');
-    expect(completeTurnToProto({ outcome: 'unconfirmed', sessionKept: false, savedLocator: undefined, nextContextState: 'LOST' })).toEqual({ sessionKept: false, savedLocator: '', nextContextState: ContextState.LOST, reason: 'unconfirmed', groupProtected: false });
+    expect(completeTurnToProto({ outcome: 'unconfirmed', sessionKept: false, savedLocator: undefined, nextContextState: 'LOST' })).toEqual({ sessionKept: false, savedLocator: '', nextContextState: ContextState.LOST, reason: 'unconfirmed', groupProtected: false, protectionPending: false });
     expect(completeTurnToProto({ outcome: 'completed', sessionKept: true, savedLocator: 's' as never, nextContextState: 'RESTORED', groupProtected: true }).groupProtected).toBe(true);
+    expect(completeTurnToProto({ outcome: 'completed', sessionKept: true, savedLocator: 's' as never, nextContextState: 'RESTORED', protectionPending: true }).protectionPending).toBe(true);
+  });
+
+  it('passes protect_in_background on only when the runner set it', () => {
+    expect(completeTurnFromProto({ ...COMPLETE, protectInBackground: true }).protectInBackground).toBe(true);
+    expect('protectInBackground' in completeTurnFromProto(COMPLETE)).toBe(false);
   });
 });
 
@@ -225,7 +231,7 @@ describe('fuzzed requests', () => {
         const calls: (() => unknown)[] = [
           () => openGroupFromProto({ idempotencyKey: key, conversationId: group, members: members as never }),
           () => beginTurnFromProto({ idempotencyKey: key, groupId: group, memberId: member, locator }),
-          () => completeTurnFromProto({ idempotencyKey: key, groupId: group, memberId: member, turnId: locator, observedLocator: locator, evidence: { ...EVIDENCE, kind: kind as TurnEndKind, exitCode: n, errorMessage: member } }),
+          () => completeTurnFromProto({ idempotencyKey: key, groupId: group, memberId: member, turnId: locator, observedLocator: locator, evidence: { ...EVIDENCE, kind: kind as TurnEndKind, exitCode: n, errorMessage: member }, protectInBackground: n % 2 === 0 }),
           () => stopGroupFromProto({ idempotencyKey: key, groupId: group, graceMs: n }),
           () => getGroupStateFromProto({ groupId: group, conversationId: member }),
         ];

@@ -211,7 +211,18 @@ export interface CompleteTurnRequest {
    * was observed (e.g. the turn failed before init).
    */
   observedLocator?: string | undefined;
-  evidence?: TurnEndEvidence | undefined;
+  evidence?:
+    | TurnEndEvidence
+    | undefined;
+  /**
+   * With idle_stop_after 0: answer once the turn's end is stored, and stop and checkpoint the group
+   * after the answer instead of before it (protection_pending). The turn then costs the runner no
+   * more than the restart its next BeginTurn pays (a stopped group starts again), but until the
+   * checkpoint is taken the conversation is not protected: a host lost in that window (about the
+   * time a clean stop and a checkpoint take) loses it, reported LOST like any running group. A next
+   * BeginTurn that comes first wins (the stop is not taken). Ignored with any other setting.
+   */
+  protectInBackground: boolean;
 }
 
 export interface CompleteTurnResponse {
@@ -237,6 +248,11 @@ export interface CompleteTurnResponse {
    * failed: an event in the group's audit stream says why, and the fleet retries).
    */
   groupProtected: boolean;
+  /**
+   * CompleteTurnRequest.protect_in_background was set and the group is being stopped and
+   * checkpointed after this answer: not protected yet (GetGroupState shows when it is).
+   */
+  protectionPending: boolean;
 }
 
 export interface StopGroupRequest {
@@ -292,6 +308,8 @@ export interface RunTurnRequest {
   model: string;
   /** Bound on the whole turn; 0 = the call's deadline, else at most 24 h. */
   timeoutMs: number;
+  /** As CompleteTurnRequest.protect_in_background, for the completion RunTurn makes. */
+  protectInBackground: boolean;
 }
 
 export interface RunTurnEnd {
@@ -1335,7 +1353,15 @@ export const TurnEndEvidence: MessageFns<TurnEndEvidence> = {
 };
 
 function createBaseCompleteTurnRequest(): CompleteTurnRequest {
-  return { idempotencyKey: "", groupId: "", memberId: "", turnId: "", observedLocator: undefined, evidence: undefined };
+  return {
+    idempotencyKey: "",
+    groupId: "",
+    memberId: "",
+    turnId: "",
+    observedLocator: undefined,
+    evidence: undefined,
+    protectInBackground: false,
+  };
 }
 
 export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
@@ -1357,6 +1383,9 @@ export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
     }
     if (message.evidence !== undefined) {
       TurnEndEvidence.encode(message.evidence, writer.uint32(50).fork()).join();
+    }
+    if (message.protectInBackground !== false) {
+      writer.uint32(56).bool(message.protectInBackground);
     }
     return writer;
   },
@@ -1422,6 +1451,14 @@ export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
             message.evidence = TurnEndEvidence.decode(reader, reader.uint32());
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.protectInBackground = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1462,6 +1499,11 @@ export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
         ? globalThis.String(object.observed_locator)
         : undefined,
       evidence: isSet(object.evidence) ? TurnEndEvidence.fromJSON(object.evidence) : undefined,
+      protectInBackground: isSet(object.protectInBackground)
+        ? globalThis.Boolean(object.protectInBackground)
+        : isSet(object.protect_in_background)
+        ? globalThis.Boolean(object.protect_in_background)
+        : false,
     };
   },
 
@@ -1485,6 +1527,9 @@ export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
     if (message.evidence !== undefined) {
       obj.evidence = TurnEndEvidence.toJSON(message.evidence);
     }
+    if (message.protectInBackground !== false) {
+      obj.protectInBackground = message.protectInBackground;
+    }
     return obj;
   },
 
@@ -1501,12 +1546,20 @@ export const CompleteTurnRequest: MessageFns<CompleteTurnRequest> = {
     message.evidence = (object.evidence !== undefined && object.evidence !== null)
       ? TurnEndEvidence.fromPartial(object.evidence)
       : undefined;
+    message.protectInBackground = object.protectInBackground ?? false;
     return message;
   },
 };
 
 function createBaseCompleteTurnResponse(): CompleteTurnResponse {
-  return { sessionKept: false, savedLocator: "", nextContextState: 0, reason: "", groupProtected: false };
+  return {
+    sessionKept: false,
+    savedLocator: "",
+    nextContextState: 0,
+    reason: "",
+    groupProtected: false,
+    protectionPending: false,
+  };
 }
 
 export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
@@ -1525,6 +1578,9 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
     }
     if (message.groupProtected !== false) {
       writer.uint32(40).bool(message.groupProtected);
+    }
+    if (message.protectionPending !== false) {
+      writer.uint32(48).bool(message.protectionPending);
     }
     return writer;
   },
@@ -1582,6 +1638,14 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
             message.groupProtected = reader.bool();
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.protectionPending = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1617,6 +1681,11 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
         : isSet(object.group_protected)
         ? globalThis.Boolean(object.group_protected)
         : false,
+      protectionPending: isSet(object.protectionPending)
+        ? globalThis.Boolean(object.protectionPending)
+        : isSet(object.protection_pending)
+        ? globalThis.Boolean(object.protection_pending)
+        : false,
     };
   },
 
@@ -1637,6 +1706,9 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
     if (message.groupProtected !== false) {
       obj.groupProtected = message.groupProtected;
     }
+    if (message.protectionPending !== false) {
+      obj.protectionPending = message.protectionPending;
+    }
     return obj;
   },
 
@@ -1650,6 +1722,7 @@ export const CompleteTurnResponse: MessageFns<CompleteTurnResponse> = {
     message.nextContextState = object.nextContextState ?? 0;
     message.reason = object.reason ?? "";
     message.groupProtected = object.groupProtected ?? false;
+    message.protectionPending = object.protectionPending ?? false;
     return message;
   },
 };
@@ -2033,7 +2106,16 @@ export const GetGroupStateResponse: MessageFns<GetGroupStateResponse> = {
 };
 
 function createBaseRunTurnRequest(): RunTurnRequest {
-  return { idempotencyKey: "", groupId: "", memberId: "", prompt: "", locator: undefined, model: "", timeoutMs: 0 };
+  return {
+    idempotencyKey: "",
+    groupId: "",
+    memberId: "",
+    prompt: "",
+    locator: undefined,
+    model: "",
+    timeoutMs: 0,
+    protectInBackground: false,
+  };
 }
 
 export const RunTurnRequest: MessageFns<RunTurnRequest> = {
@@ -2058,6 +2140,9 @@ export const RunTurnRequest: MessageFns<RunTurnRequest> = {
     }
     if (message.timeoutMs !== 0) {
       writer.uint32(56).int64(message.timeoutMs);
+    }
+    if (message.protectInBackground !== false) {
+      writer.uint32(64).bool(message.protectInBackground);
     }
     return writer;
   },
@@ -2131,6 +2216,14 @@ export const RunTurnRequest: MessageFns<RunTurnRequest> = {
             message.timeoutMs = longToNumber(reader.int64());
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.protectInBackground = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2168,6 +2261,11 @@ export const RunTurnRequest: MessageFns<RunTurnRequest> = {
         : isSet(object.timeout_ms)
         ? globalThis.Number(object.timeout_ms)
         : 0,
+      protectInBackground: isSet(object.protectInBackground)
+        ? globalThis.Boolean(object.protectInBackground)
+        : isSet(object.protect_in_background)
+        ? globalThis.Boolean(object.protect_in_background)
+        : false,
     };
   },
 
@@ -2194,6 +2292,9 @@ export const RunTurnRequest: MessageFns<RunTurnRequest> = {
     if (message.timeoutMs !== 0) {
       obj.timeoutMs = Math.round(message.timeoutMs);
     }
+    if (message.protectInBackground !== false) {
+      obj.protectInBackground = message.protectInBackground;
+    }
     return obj;
   },
 
@@ -2209,6 +2310,7 @@ export const RunTurnRequest: MessageFns<RunTurnRequest> = {
     message.locator = object.locator ?? undefined;
     message.model = object.model ?? "";
     message.timeoutMs = object.timeoutMs ?? 0;
+    message.protectInBackground = object.protectInBackground ?? false;
     return message;
   },
 };
