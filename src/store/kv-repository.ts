@@ -76,14 +76,24 @@ function validateFilter(filter: string): void {
 }
 
 /**
- * Messages one watch asks for at a time. It bounds what the server can queue for this connection per
- * watch at ~1.25 batches (the next pull goes out at 75% consumed): with ~1 KiB group records, under
- * 0.1 MiB; even with every record at the groups bucket's 64 KiB bound, 5 MiB per shard (40 MiB for
- * eight), under the server's 64 MiB per client. Big enough that a catch-up is not paced by round
- * trips. (max_bytes would bound bytes directly, but with it nats.js 3.4's ordered consumer was seen
- * to skip messages.)
+ * Messages one watch asks for at a time, at most. It bounds what the server can queue for this
+ * connection per watch at ~1.25 batches (the next pull goes out at 75% consumed): with ~1 KiB group
+ * records, under 0.1 MiB. Big enough that a catch-up is not paced by round trips. (max_bytes would
+ * bound bytes directly, but with it nats.js 3.4's ordered consumer was seen to skip messages.)
  */
 const WATCH_BATCH = 64;
+/**
+ * Bytes one batch may hold with every record at its bucket's bound: a bucket of large records gets a
+ * smaller batch (watchBatchFor). The read model watches hosts (64 KiB records), eight group shards
+ * (64 KiB) and checkpoints (256 KiB): at 64 messages each, the worst case was ~65 MiB queued, past
+ * the server's 64 MiB per client (a slow consumer, disconnected); with this, ~50 MiB.
+ */
+export const WATCH_BATCH_BYTES = 4 * 1024 * 1024;
+
+/** A watch's batch (messages per pull) for records of at most `maxRecordBytes`. */
+export function watchBatchFor(maxRecordBytes: number): number {
+  return Math.max(1, Math.min(WATCH_BATCH, Math.floor(WATCH_BATCH_BYTES / maxRecordBytes)));
+}
 /** Lifetime of one pull request of a watch (see #follow). */
 const WATCH_PULL_EXPIRES_MS = 5_000;
 
@@ -316,7 +326,7 @@ export class KvRepository<T> {
   /**
    * The bucket's entries as its stream delivers them: the last value of every key matching `filter`
    * (unless `updatesOnly`), then every change, in stream order. An ordered pull consumer asks for
-   * WATCH_BATCH messages at a time as the caller consumes them, so however many buckets are watched
+   * watchBatchFor(its record bound) messages at a time as the caller consumes them, so however many buckets are watched
    * at once and however slow the caller, the server never queues more than a few batches per watch
    * for this connection; it recreates itself from the last sequence it delivered after a gap, a
    * reconnect or missed heartbeats. A KV handle that is not a JetStream bucket falls back to the
@@ -330,7 +340,7 @@ export class KvRepository<T> {
     // heartbeats that tell the consumer its server is gone come at half that, so a watch whose
     // consumer lived on a NATS node that died recreates itself in seconds, not minutes (measured on
     // a 3-node cluster: caught up ~10 s after the kill, against > 60 s with the default).
-    const messages = await consumer.consume({ max_messages: WATCH_BATCH, expires: WATCH_PULL_EXPIRES_MS });
+    const messages = await consumer.consume({ max_messages: watchBatchFor(this.#codec.maxBytes), expires: WATCH_PULL_EXPIRES_MS });
     return {
       async *[Symbol.asyncIterator]() {
         for await (const m of messages) yield kv.jmToWatchEntry(m, false);
