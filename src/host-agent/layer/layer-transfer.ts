@@ -10,6 +10,7 @@ import { DEFAULT_LAYER_LIMITS, type LayerLimits } from '../../core/layer-rules.t
 import { ChunkStoreError, DEFAULT_READ_IN_FLIGHT, type ChunkStore } from '../../store/chunk-store.ts';
 import { fetchChunksInWorker } from '../../store/chunk-fetch-worker.ts';
 import type { WorkerConnection } from '../../store/nats-auth.ts';
+import { claimBuffer, holdsWholeBuffer } from '../../store/sole-buffers.ts';
 import { LayerTransferError, restoreFailureOf } from './errors.ts';
 import type { ChunkCache } from './chunk-cache.ts';
 import { workerPassesLending, type ChunkLender } from './layer-workers.ts';
@@ -131,7 +132,9 @@ function passesOf(options: FetchLayerOptions, kept: KeptChunks): { passes: Layer
   const lender: ChunkLender = {
     wants: (index) => kept.out.has(index),
     back: (index, data) => {
-      if (kept.out.delete(index)) kept.chunks[index] = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+      if (!kept.out.delete(index)) return;
+      claimBuffer(data); // moved back: this thread's alone again
+      kept.chunks[index] = Buffer.from(data.buffer, data.byteOffset, data.byteLength);
     },
   };
   return { passes: workerPassesLending(lender), lent: true };
@@ -139,7 +142,7 @@ function passesOf(options: FetchLayerOptions, kept: KeptChunks): { passes: Layer
 
 /** A buffer this code alone holds (store reads may be views into the NATS client's receive buffer); `copy`: always a new one. */
 function own(data: Buffer, copy = false): Buffer {
-  if (!copy && !(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength) return data;
+  if (!copy && holdsWholeBuffer(data)) return data;
   const out = Buffer.allocUnsafeSlow(data.length); // its own ArrayBuffer (never the shared pool)
   data.copy(out);
   return out;

@@ -37,7 +37,9 @@ class ChunkQueue implements AsyncIterable<Uint8Array> {
     const index = this.lent.get(data);
     if (index === undefined) return;
     this.lent.delete(data);
-    const movable = !(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
+    // A lent chunk came by message, moved to this thread or copied for it: its buffer is this
+    // thread's alone even when the chunk views part of it (sole-buffers.ts). Shared memory is not moved.
+    const movable = !(data.buffer instanceof SharedArrayBuffer);
     post({ op: 'returned', id: this.id, index, data }, movable ? [data.buffer as ArrayBuffer] : []);
   }
 

@@ -11,6 +11,7 @@
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { Worker } from 'node:worker_threads';
+import { holdsWholeBuffer } from '../../store/sole-buffers.ts';
 import { LayerTransferError, deserializeLayerError, type SerializedLayerError } from './errors.ts';
 import type { ExtractJob, LayerChunks, LayerPasses, RestoredLayer, ScanJob, ScannedLayer } from './restore.ts';
 
@@ -126,10 +127,6 @@ function release(worker: Worker, reusable: boolean): void {
   idle = { worker, timer, onExit, onError };
 }
 
-/** Whether `data` owns its whole (non-shared) ArrayBuffer, so transferring it detaches nothing else. */
-function ownsBuffer(data: Uint8Array): boolean {
-  return !(data.buffer instanceof SharedArrayBuffer) && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength;
-}
 
 export interface JobOptions {
   /**
@@ -195,7 +192,7 @@ export async function runLayerJob(kind: JobKind, job: ScanJob | ExtractJob, chun
       // Shared memory is shared (never written after a chunk is made); owned buffers are moved; others copied.
       const lent = options.lend?.wants(sent) === true ? ({ lent: true } as const) : {};
       if (chunk.buffer instanceof SharedArrayBuffer) worker.postMessage({ op: 'chunk', id, data: chunk, ...lent });
-      else if (options.transfer === true && ownsBuffer(chunk)) worker.postMessage({ op: 'chunk', id, data: chunk, ...lent }, [chunk.buffer as ArrayBuffer]);
+      else if (options.transfer === true && holdsWholeBuffer(chunk)) worker.postMessage({ op: 'chunk', id, data: chunk, ...lent }, [chunk.buffer as ArrayBuffer]);
       else worker.postMessage({ op: 'chunk', id, data: new Uint8Array(chunk), ...lent });
       sent += 1;
       await waitFor(() => settled !== undefined || sent - consumed < AHEAD);
