@@ -215,12 +215,13 @@ export interface CompleteTurnRequest {
     | TurnEndEvidence
     | undefined;
   /**
-   * With idle_stop_after 0: answer once the turn's end is stored, and stop and checkpoint the group
-   * after the answer instead of before it (protection_pending). The turn then costs the runner no
-   * more than the restart its next BeginTurn pays (a stopped group starts again), but until the
-   * checkpoint is taken the conversation is not protected: a host lost in that window (about the
-   * time a clean stop and a checkpoint take) loses it, reported LOST like any running group. A next
-   * BeginTurn that comes first wins (the stop is not taken). Ignored with any other setting.
+   * With OpenGroupRequest.idle_stop_after_ms 0: answer once the turn's end is stored, and stop and
+   * checkpoint the group after the answer instead of before it (protection_pending). The turn then
+   * costs the runner no more than the restart its next BeginTurn pays (a stopped group starts
+   * again), but until the checkpoint is taken the conversation is not protected: a host lost in
+   * that window (about the time a clean stop and a checkpoint take) loses it, reported LOST like
+   * any running group. A next BeginTurn that comes first wins (the stop is not taken). Ignored with
+   * any other setting.
    */
   protectInBackground: boolean;
 }
