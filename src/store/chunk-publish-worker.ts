@@ -90,8 +90,12 @@ const lastBySubject = async (stream, subject) => {
   return msg !== null ? msg : jsm.streams.getMessage(stream, { last_by_subj: subject });
 };
 // Whether the subject holds exactly these bytes; false when empty; other bytes are a refusal (write-once).
-const holdsSame = async (j, subject, digest, data) => {
-  const msg = await lastBySubject(j.stream, subject);
+// With leader set, an empty answer of a direct get is asked again of the stream leader. Before a publish it
+// is not: a lagging replica's "none" only costs an upload that the leader then refuses
+// (put-if-absent), and the loop reads the copy again, from the leader. For a new chunk that saves
+// a request whose "no message" answer the client turns into an error (~400 per 200 MiB capture).
+const holdsSame = async (j, subject, digest, data, leader) => {
+  const msg = leader ? await lastBySubject(j.stream, subject) : await jsm.direct.getMessage(j.stream, { last_by_subj: subject });
   if (msg === null) return false;
   if (Buffer.from(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength).equals(Buffer.from(data.buffer, data.byteOffset, data.byteLength))) return true;
   throw refusal('chunk_digest_mismatch', 'chunk ' + digest + ' is already stored with other bytes (planted or damaged); chunks are write-once, so this digest cannot be stored until garbage collection removes that copy');
@@ -99,7 +103,7 @@ const holdsSame = async (j, subject, digest, data) => {
 const storeChunk = async (j, digest, data) => {
   const subject = 'sf.chunk.' + digest.slice(7);
   for (let attempt = 0; attempt < PUT_ATTEMPTS; attempt++) {
-    if (j.stream !== null && (await holdsSame(j, subject, digest, data))) return false;
+    if (j.stream !== null && (await holdsSame(j, subject, digest, data, attempt > 0))) return false;
     if (await publishIfAbsent(j, subject, data)) return true;
     if (j.stream === null) break; // refused, and the answer named no stream to read the copy from
   }
