@@ -122,7 +122,12 @@ function release(worker: Worker, reusable: boolean): void {
   };
   worker.on('error', onError);
   worker.once('exit', onExit);
-  const timer = setTimeout(() => void worker.terminate(), IDLE_MS);
+  // Out of the pool before it is told to stop: its exit comes later, and a job that took it in between
+  // would see it exit (code 1) mid-restore (seen: a bench restore ~30 s after the one before failed).
+  const timer = setTimeout(() => {
+    if (idle?.worker === worker) idle = undefined;
+    void worker.terminate();
+  }, IDLE_MS);
   timer.unref();
   idle = { worker, timer, onExit, onError };
 }

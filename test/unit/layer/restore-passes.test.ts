@@ -7,7 +7,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, wri
 import { createHash } from 'node:crypto';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { pack, type Header } from 'tar-stream';
 import { layerLimits, type LayerLimits, type LayerRefusalReason } from '../../../src/core/layer-rules.ts';
 import { DockerRuntimeError } from '../../../src/docker/errors.ts';
@@ -181,6 +181,21 @@ describe('nothing is written before the whole layer passed', () => {
     for (const [err, reason] of [[new ChunkStoreError('chunk_missing', 'gone'), 'chunk_missing'], [new ChunkStoreError('chunk_digest_mismatch', 'bad'), 'chunk_digest_mismatch']] as const) {
       expect(restoreFailureOf(err)).toMatchObject({ layerRefusal: true, reason });
       expect(restoreFaultScope(reason)).toBe('checkpoint');
+    }
+  });
+});
+
+describe('the layer worker pool', () => {
+  it('a job that comes just as the idle worker\'s time runs out gets a live worker, not the one being stopped (seam: fake timers fire the idle timeout at will)', async () => {
+    const blob = await tarOf([{ name: 'a', data: 'x' }]);
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+    try {
+      expect(await refusalOf(WORKER_PASSES, blob)).toBe('accepted'); // its worker goes idle in the pool
+      vi.advanceTimersByTime(30_000); // its idle time ran out: it is told to stop, and exits a moment later
+      // Before the fix this job took that worker and saw it exit mid-pass ("layer worker exited (1)").
+      expect(await refusalOf(WORKER_PASSES, blob)).toBe('accepted');
+    } finally {
+      vi.useRealTimers();
     }
   });
 });
