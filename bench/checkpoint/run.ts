@@ -11,8 +11,8 @@
 // (a group returning to a host it left); incremental checkpoints after a 1 MiB append to the session
 // file and after a 10 MiB change scattered over ten files (in place), each from the previous
 // capture's index. Manifests of schema version 2 (the chunk-list digest that lets a checkpoint reuse
-// chunks unread); a version-1 full capture (whole-tar digest, what the agent writes until the control
-// plane accepts version 2) is measured beside it at the first size. Medians of N rounds; ratios
+// chunks unread); a version-1 full capture (whole-tar digest, what the agent writes for a control
+// plane that verifies version 1 only) is measured beside it at the first size. Medians of N rounds; ratios
 // are what to read (this machine is shared and noisy: load averages recorded). Every timed
 // contender starts after a `sync`, so none pays for the writeback of what ran before it. CPU of this process
 // and of nats-server is measured during our captures and restores. The first size's figures are the

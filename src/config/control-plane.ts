@@ -99,6 +99,13 @@ export const ControlPlaneConfigSchema = z.object({
    * `checkpointMaxAgeMs`; 0 turns refreshing off.
    */
   checkpointRefreshFraction: z.coerce.number().min(0).max(0.9).default(0.5),
+  /**
+   * The newest checkpoint manifest schema version agents are told to write (CheckpointCommand
+   * max_manifest_schema_version). 2 (default): a checkpoint reuses the chunks of unchanged files
+   * without reading them (its layer digests hash the chunk list); 1: every checkpoint reads and
+   * hashes the whole layer. Set 1 before rolling back to a release that verifies version 1 only.
+   */
+  checkpointManifestVersion: z.coerce.number().int().min(1).max(2).default(2),
   /** Checkpoint refreshes started per retention pass (each reads its group's layers on the host). */
   checkpointRefreshPerPass: z.coerce.number().int().min(1).max(64).default(4),
   /** R-G7: valid checkpoints kept per group. */
@@ -236,6 +243,7 @@ export function loadControlPlaneConfig(env: NodeJS.ProcessEnv = process.env): Co
     checkpointMaxAgeMs: env.SANDBOXFLEET_CHECKPOINT_MAX_AGE_MS,
     checkpointRefreshFraction: env.SANDBOXFLEET_CHECKPOINT_REFRESH_FRACTION,
     checkpointRefreshPerPass: env.SANDBOXFLEET_CHECKPOINT_REFRESH_PER_PASS,
+    checkpointManifestVersion: env.SANDBOXFLEET_CHECKPOINT_MANIFEST_VERSION,
     checkpointKeep: env.SANDBOXFLEET_CHECKPOINT_KEEP,
     lostRetentionMs: env.SANDBOXFLEET_LOST_RETENTION_MS,
     cliProfiles: env.SANDBOXFLEET_CLI_PROFILES,

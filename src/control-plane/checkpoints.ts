@@ -4,7 +4,7 @@
 // a corrupted blob must never be restored from (R-R2). Also maps a stored manifest to the protobuf
 // form the agent's RestoreCommand carries.
 import { createHash } from 'node:crypto';
-import type { CheckpointManifest as CoreManifest } from '../core/checkpoint-manifest.ts';
+import { chunkListDigest, layerDigestKind, type CheckpointManifest as CoreManifest } from '../core/checkpoint-manifest.ts';
 import type { CheckpointMemberSummary, CheckpointSummary } from '../core/index.ts';
 import type { CheckpointManifest as ProtoManifest } from '../gen/sandboxfleet/v1/agent.ts';
 import { ChunkStoreError, type ChunkStore } from '../store/chunk-store.ts';
@@ -47,8 +47,10 @@ export function recordFromManifest(manifest: CoreManifest, activityVersion: numb
 
 /**
  * R-G4's "every blob is present and its digest verifies": read every chunk (each is checked against
- * its own digest by the store) and hash the whole layer against the manifest's layer digest.
- * Members are judged one by one so a LOST reason can name the corrupt one in the event.
+ * its own digest by the store) and check the manifest's layer digest: of the whole layer's bytes
+ * (schema version 1) or of its chunk list (version 2: core/checkpoint-manifest.ts layerDigestKind),
+ * and the layer's size. Members are judged one by one so a LOST reason can name the corrupt one in
+ * the event.
  */
 export async function verifyCheckpoint(chunks: ChunkStore, record: CheckpointRecord): Promise<{ summary: CheckpointSummary; manifest?: CoreManifest }> {
   const manifest = await readManifest(chunks, record.sourceHostId, record.groupId, record.checkpointId);
@@ -69,14 +71,16 @@ export async function verifyCheckpoint(chunks: ChunkStore, record: CheckpointRec
     const indexed = record.members.find((r) => r.memberId === m.memberId);
     let blobPresent = true;
     let digestVerified = indexed !== undefined && indexed.layerDigest === m.layer.digest;
-    const hash = createHash('sha256');
+    const ofTar = layerDigestKind(manifest.schemaVersion) === 'tar';
+    if (!ofTar && chunkListDigest(m.layer.chunks) !== m.layer.digest) digestVerified = false;
+    const hash = ofTar ? createHash('sha256') : undefined;
     let size = 0;
     try {
       for await (const chunk of chunks.read(m.layer.chunks)) {
-        hash.update(chunk);
+        hash?.update(chunk);
         size += chunk.length;
       }
-      if (size !== m.layer.size || `sha256:${hash.digest('hex')}` !== m.layer.digest) digestVerified = false;
+      if (size !== m.layer.size || (hash !== undefined && `sha256:${hash.digest('hex')}` !== m.layer.digest)) digestVerified = false;
     } catch (err) {
       if (!(err instanceof ChunkStoreError)) throw translateReadError(err, `chunks of ${record.groupId}/${record.checkpointId}`);
       blobPresent = err.reason !== 'chunk_missing';

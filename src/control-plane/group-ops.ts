@@ -325,6 +325,7 @@ export class GroupOps {
           },
           activityVersion: lc.activityVersion,
           lastCompletedTurnId: '',
+          maxManifestSchemaVersion: this.ctx.config.checkpointManifestVersion,
         },
       }, 'checkpoint');
     } catch (err) {

@@ -26,6 +26,7 @@ import {
   serializeCheckpointManifest,
   type CheckpointManifest as CoreManifest,
   type CheckpointMember,
+  type ManifestSchemaVersion,
 } from '../core/checkpoint-manifest.ts';
 import { LayerRuleError } from '../core/layer-rules.ts';
 import type { ContainerInfo, DockerRuntime } from '../docker/runtime.ts';
@@ -108,8 +109,9 @@ export class CheckpointOps {
     this.indexes = new CaptureIndexStore(this.layerRestore.indexDir ?? DEFAULT_LAYER_RESTORE_SETTINGS.indexDir!);
   }
 
-  private get manifestVersion(): 1 | 2 {
-    return this.layerRestore.manifestVersion ?? 1;
+  /** The newest manifest version this agent writes (its setting; a command may ask for older). */
+  private get manifestVersion(): ManifestSchemaVersion {
+    return this.layerRestore.manifestVersion ?? DEFAULT_LAYER_RESTORE_SETTINGS.manifestVersion ?? 2;
   }
 
   private get layerRestore(): LayerRestoreSettings {
@@ -238,7 +240,8 @@ export class CheckpointOps {
       this.learnStaging(upper);
       prepared.push({ spec, kind, upper, sessionPaths: await this.#sessionFiles(spec.memberId, core, spec.savedLocator, spec.nativeSessionPaths, upper) });
     }
-    const version = this.manifestVersion;
+    // No newer than the control plane that asked verifies (0: one older than the field, version 1).
+    const version: ManifestSchemaVersion = Math.min(this.manifestVersion, cmd.maxManifestSchemaVersion || 1) === 2 ? 2 : 1;
     const indexes: { memberId: string; index: CaptureIndex }[] = [];
     for (const { spec, kind, upper, sessionPaths } of prepared) {
       const t0 = this.deps.nowMs();
@@ -259,6 +262,8 @@ export class CheckpointOps {
       this.deps.metrics.checkpointDuration.observe({ phase: 'capture' }, (this.deps.nowMs() - t0) / 1000);
       this.deps.metrics.checkpointBytes.inc({ kind: 'layer' }, stored.stats.bytes);
       this.deps.metrics.checkpointBytes.inc({ kind: 'stored' }, stored.stats.storedBytes);
+      this.deps.metrics.checkpointBytes.inc({ kind: 'reused_unread' }, stored.capture.reusedBytes);
+      this.deps.metrics.layerCaptures.inc({ mode: stored.capture.mode, why: stored.capture.why });
       entryCounts.set(spec.memberId, stored.entries);
       members.push({
         memberId: spec.memberId,

@@ -35,11 +35,12 @@ const DEFAULT_LAYER_CACHE_MAX_BYTES = 1024 ** 3;
 /** Next to the chunk cache: the capture indexes (host-agent/layer/capture-index.ts). */
 const DEFAULT_LAYER_INDEX_DIR = join(tmpdir(), 'sandboxfleet-layer-index');
 /**
- * The manifest schema version checkpoints are written in. 1 until the control plane verifies
- * version-2 layer digests (they cover the chunk list, not the tar bytes: core/checkpoint-manifest.ts);
- * only version 2 lets a checkpoint reuse the chunks of unchanged files without reading them.
+ * The newest manifest schema version checkpoints are written in. Version-2 layer digests cover the
+ * chunk list, not the tar bytes (core/checkpoint-manifest.ts): only they let a checkpoint reuse the
+ * chunks of unchanged files without reading them. A checkpoint command caps it with the version its
+ * control plane verifies (CheckpointCommand.max_manifest_schema_version; 1 from an older one).
  */
-const DEFAULT_LAYER_MANIFEST_VERSION = 1;
+const DEFAULT_LAYER_MANIFEST_VERSION = 2;
 const DEFAULT_LAYER_FULL_CAPTURE_EVERY = 10;
 /** Chunks a restore keeps in memory between its validation and extraction passes. */
 const DEFAULT_LAYER_RESTORE_MEMORY_BYTES = 256 * 1024 ** 2;
@@ -118,9 +119,10 @@ export const HostAgentConfigSchema = z
     /** Bytes the chunk cache keeps at most (least recently used evicted first); 0 = no cache (the extraction pass fetches again). */
     layerCacheMaxBytes: z.coerce.number().int().min(0).max(2 ** 50).default(DEFAULT_LAYER_CACHE_MAX_BYTES),
     /**
-     * Schema version of the checkpoint manifests this agent writes (it reads both). 2: a checkpoint
-     * reads only the files that changed since the last one of the same container on this host
-     * (layer/capture-store.ts); 1: every checkpoint reads the whole layer.
+     * Newest schema version of the checkpoint manifests this agent writes (it reads both; a
+     * checkpoint command may ask for version 1). 2: a checkpoint reads only the files that changed
+     * since the last one of the same container on this host (layer/capture-store.ts); 1: every
+     * checkpoint reads the whole layer.
      */
     layerManifestVersion: z.coerce.number().int().min(1).max(2).default(DEFAULT_LAYER_MANIFEST_VERSION),
     /** Where the per-container capture indexes are kept (a hint: lost or damaged ones mean a full read). */
@@ -230,7 +232,7 @@ export function layerRestoreSettingsOf(config: LayerConfig): LayerRestoreSetting
     limits: layerLimits({ maxEntries: config.layerMaxEntries, maxLayerBytes: config.layerMaxBytes, maxNameBytesTotal: config.layerMaxNameBytesTotal }),
     cacheDir: config.layerCacheDir,
     cacheMaxBytes: config.layerCacheMaxBytes,
-    manifestVersion: config.layerManifestVersion === 2 ? 2 : 1,
+    manifestVersion: (config.layerManifestVersion ?? DEFAULT_LAYER_MANIFEST_VERSION) === 2 ? 2 : 1,
     indexDir: config.layerIndexDir ?? DEFAULT_LAYER_INDEX_DIR,
     fullCaptureEvery: config.layerFullCaptureEvery ?? DEFAULT_LAYER_FULL_CAPTURE_EVERY,
     restoreMemoryBytes: config.layerRestoreMemoryBytes ?? DEFAULT_LAYER_RESTORE_MEMORY_BYTES,

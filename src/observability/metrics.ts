@@ -40,6 +40,12 @@ export class FleetMetrics {
   readonly checkpointBytes: Counter<'kind'>;
   readonly checkpointDuration: Histogram<'phase'>;
   /**
+   * Layer captures by mode and why (host-agent/layer/capture-store.ts CaptureWhy): a fleet whose
+   * captures are all full for one reason (every index lost, say) pays a full read per checkpoint,
+   * which the durations alone do not explain.
+   */
+  readonly layerCaptures: Counter<'mode' | 'why'>;
+  /**
    * R-G4 exposure, set by the leader's checkpoint retention pass (control-plane/retention.ts): over
    * the clean-STOPPED groups, the age of the checkpoint an unplanned host loss would restore from
    * (the group's latest, if it covers its current state), the oldest of them; 0 when there is none.
@@ -118,7 +124,8 @@ export class FleetMetrics {
       },
     });
     this.attestationRefusals = new Counter({ name: 'sandboxfleet_attestation_refusals_total', help: 'Host attestation refusals, by reason', labelNames: ['reason'], registers });
-    this.checkpointBytes = new Counter({ name: 'sandboxfleet_checkpoint_bytes_total', help: 'Checkpoint bytes, by kind (layer = logical, stored = new chunk bytes written)', labelNames: ['kind'], registers });
+    this.checkpointBytes = new Counter({ name: 'sandboxfleet_checkpoint_bytes_total', help: 'Checkpoint bytes, by kind (layer = logical, stored = new chunk bytes written, reused_unread = layer bytes of an incremental capture reused without being read; restore_cached, restore_fetched)', labelNames: ['kind'], registers });
+    this.layerCaptures = new Counter({ name: 'sandboxfleet_layer_captures_total', help: 'Layer captures of checkpoints, by mode (full, incremental) and why (incremental, or why the capture read everything)', labelNames: ['mode', 'why'], registers });
     this.checkpointDuration = new Histogram({ name: 'sandboxfleet_checkpoint_duration_seconds', help: 'Checkpoint and restore phase durations', labelNames: ['phase'], buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120], registers });
     this.checkpointAge = new Gauge({ name: 'sandboxfleet_checkpoint_oldest_age_seconds', help: 'Among clean-stopped groups, the oldest age of the checkpoint a host loss would restore from (0: none)', registers });
     this.checkpointMaxAge = new Gauge({ name: 'sandboxfleet_checkpoint_max_age_seconds', help: 'Configured maximum checkpoint age: older checkpoints are never restored from', registers });

@@ -95,7 +95,7 @@ describe('messages', () => {
       { $case: 'createGroup', value: { groupId: 'g', conversationId: 'conv', members: [{ memberId: 'codex', kind: CliKind.CODEX }], imageRef: 'img', imageDigest: sha('1') } },
       { $case: 'startGroup', value: { groupId: 'g', memberIds: [] } },
       { $case: 'stopGroup', value: { groupId: 'g', graceMs: 5000 } },
-      { $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'c', members: [], cleanStop: undefined, activityVersion: 4, lastCompletedTurnId: '' } },
+      { $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'c', members: [], cleanStop: undefined, activityVersion: 4, lastCompletedTurnId: '', maxManifestSchemaVersion: 2 } },
       { $case: 'restore', value: { groupId: 'g', manifest: sampleManifest() } },
       { $case: 'deleteGroup', value: { groupId: 'g', reason: 'not_owned' } },
       { $case: 'inventory', value: { groupId: '' } },

@@ -76,10 +76,17 @@ export interface StoreLayerOptions {
   readonly directReadMinBytes?: number;
 }
 
+/**
+ * Why a capture read what it read, as a bounded code (a metric label): `incremental`, or why the
+ * capture was full.
+ */
+export type CaptureWhy = 'incremental' | 'version_1' | 'no_index' | 'other_format' | 'other_upper_dir' | 'other_container' | 'periodic' | 'reuse_failed';
+
 export interface CaptureReport {
   readonly mode: 'full' | 'incremental';
-  /** Why a capture was full (or `incremental`). */
+  /** Why a capture was full (or `incremental`), in words, and as a code. */
   readonly reason: string;
+  readonly why: CaptureWhy;
   readonly walkedEntries: number;
   /** Entries read again (by tar, or directly: `directEntries`, large re-read files), and records copied unread. */
   readonly readEntries: number;
@@ -116,6 +123,7 @@ function sameStat(a: EntryStat, b: EntryStat): boolean {
 interface Plan {
   readonly mode: 'full' | 'incremental';
   readonly reason: string;
+  readonly why: CaptureWhy;
   readonly previous: CaptureIndex | undefined;
   /** The previous record of each walked entry that is copied unread (undefined: read it). */
   readonly reuse: (IndexEntry | undefined)[];
@@ -123,20 +131,20 @@ interface Plan {
 
 function plan(upperDir: string, walk: readonly WalkEntry[], options: StoreLayerOptions, format: string): Plan {
   const previous = options.previous;
-  const full = (reason: string): Plan => ({ mode: 'full', reason, previous: undefined, reuse: walk.map(() => undefined) });
-  if ((options.schemaVersion ?? 2) === 1) return full('version-1 manifest (its digest hashes every byte)');
-  if (previous === undefined) return full('no index of a previous capture');
+  const full = (why: CaptureWhy, reason: string): Plan => ({ mode: 'full', reason, why, previous: undefined, reuse: walk.map(() => undefined) });
+  if ((options.schemaVersion ?? 2) === 1) return full('version_1', 'version-1 manifest (its digest hashes every byte)');
+  if (previous === undefined) return full('no_index', 'no index of a previous capture');
   const root = walk[0]!.stat;
-  if (previous.version !== CAPTURE_INDEX_VERSION || previous.format !== format) return full('index of another chunk format');
-  if (previous.upperDir !== upperDir || previous.rootDev !== root.dev || previous.rootIno !== root.ino) return full('index of another upper dir');
-  if (options.containerId !== undefined && previous.containerId !== options.containerId) return full('index of another container');
-  if (previous.capturesSinceFull + 1 >= (options.fullCaptureEvery ?? DEFAULT_FULL_CAPTURE_EVERY)) return full('periodic full read');
+  if (previous.version !== CAPTURE_INDEX_VERSION || previous.format !== format) return full('other_format', 'index of another chunk format');
+  if (previous.upperDir !== upperDir || previous.rootDev !== root.dev || previous.rootIno !== root.ino) return full('other_upper_dir', 'index of another upper dir');
+  if (options.containerId !== undefined && previous.containerId !== options.containerId) return full('other_container', 'index of another container');
+  if (previous.capturesSinceFull + 1 >= (options.fullCaptureEvery ?? DEFAULT_FULL_CAPTURE_EVERY)) return full('periodic', 'periodic full read');
   const byKey = new Map(previous.entries.map((e) => [e.key, e]));
   const reuse = walk.map((w) => {
     const old = byKey.get(w.key);
     return old !== undefined && old.reusable && w.stat.dev === root.dev && sameStat(old.stat, w.stat) ? old : undefined;
   });
-  return { mode: 'incremental', reason: 'incremental', previous, reuse };
+  return { mode: 'incremental', reason: 'incremental', why: 'incremental', previous, reuse };
 }
 
 /** Where new chunks go and reused ones are checked: a publish worker, or this thread. */
@@ -197,7 +205,7 @@ export async function storeLayer(upperDir: string, store: ChunkStore, options: S
     return await capture(upperDir, store, walk, first, options, { chunker, limits, nowNs, format });
   } catch (err) {
     if (!(err instanceof ReuseUnavailable)) throw err;
-    const full: Plan = { mode: 'full', reason: `reuse failed: ${err.message}`, previous: undefined, reuse: walk.map(() => undefined) };
+    const full: Plan = { mode: 'full', reason: `reuse failed: ${err.message}`, why: 'reuse_failed', previous: undefined, reuse: walk.map(() => undefined) };
     return capture(upperDir, store, walk, full, options, { chunker, limits, nowNs, format });
   }
 }
@@ -516,6 +524,7 @@ async function capture(upperDir: string, store: ChunkStore, walk: readonly WalkE
     capture: {
       mode: p.mode,
       reason: p.reason,
+      why: p.why,
       walkedEntries: walk.length,
       readEntries: toRead.length + direct.size,
       directEntries: direct.size,

@@ -98,10 +98,15 @@ class Helper {
   private failures = 0;
   /** Requests the helper answered (tests check the path is taken). */
   answered = 0;
+  /** Requests answered `undefined` (no helper, or it died first): the caller forked this process instead. */
+  unavailable = 0;
 
   run(req: SmallRunRequest): Promise<SmallRunResult | undefined> {
     const child = this.get();
-    if (child === null) return Promise.resolve(undefined);
+    if (child === null) {
+      this.unavailable += 1;
+      return Promise.resolve(undefined);
+    }
     const id = this.nextId++;
     return new Promise((resolve) => {
       this.pending.set(id, resolve);
@@ -133,6 +138,7 @@ class Helper {
     if (resolve === undefined) return;
     this.pending.delete(id);
     if (this.pending.size === 0) this.ref(false);
+    if (r === undefined) this.unavailable += 1;
     resolve(r);
   }
 
@@ -202,13 +208,20 @@ export function startSmallProcessHelper(): void {
   helper.start();
 }
 
-/** For tests: the helper's pid (undefined when none runs), how many requests it answered, a way to kill it. */
+/**
+ * The helper's pid (undefined when none runs), how many requests it answered and how many it could
+ * not (the agent's metrics export that count: a helper that keeps failing costs a fork of the agent
+ * per small run, slower and blocking, never wrong), and a way to kill it (tests).
+ */
 export const smallProcessHelper = {
   get pid(): number | undefined {
     return helper.pid;
   },
   get answered(): number {
     return helper.answered;
+  },
+  get unavailable(): number {
+    return helper.unavailable;
   },
   kill(): void {
     helper.stop();

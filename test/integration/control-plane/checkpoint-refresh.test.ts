@@ -56,6 +56,12 @@ describe('checkpoint refresh of cleanly stopped groups', () => {
     expect(retaken.createdAtMs).toBeGreaterThan(firstCreatedAt);
     const { events } = await fleet.store.events.read({ subjectKind: 'group', subjectId: groupId, limit: 100 });
     expect(events.filter((e) => e.event.type === 'checkpoint_created').map((e) => e.event.reason)).toContain('refresh');
+    // The host agent read the layer in full the first time (no index yet) and reused it unread the
+    // second: its metrics say so, by mode and why.
+    const captures = (await fleet.agents.get(begun.hostId)!.metrics.registry.getSingleMetric('sandboxfleet_layer_captures_total')!.get()).values;
+    const capturesOf = (mode: string, why: string): number => captures.find((v) => v.labels.mode === mode && v.labels.why === why)?.value ?? 0;
+    expect(capturesOf('full', 'no_index')).toBeGreaterThanOrEqual(1);
+    expect(capturesOf('incremental', 'incremental')).toBeGreaterThanOrEqual(1);
     // Stopping the stopped group again answers the refreshed checkpoint: latest never moves back.
     const again = await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
     expect(again.checkpointId).toBe(refreshed.latestCheckpointId);

@@ -11,6 +11,7 @@ import { createHash } from 'node:crypto';
 import tar from 'tar-stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
+import { chunkListDigest, layerDigestKind } from '../../../src/core/checkpoint-manifest.ts';
 import { CheckpointRecordSchema, GroupRecordSchema } from '../../../src/control-plane/records.ts';
 import { Keys } from '../../../src/control-plane/state.ts';
 import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
@@ -61,16 +62,18 @@ describe('a restore refused for the checkpoint\'s data', () => {
     const manifest = await fleet.chunks.getManifest(good.sourceHostId, groupId, good.checkpointId);
     const layer = await hostileLayer();
     const digest = `sha256:${createHash('sha256').update(layer).digest('hex')}`;
-    // One chunk holding the whole layer: its digest is the layer's.
+    // One chunk holding the whole layer; the layer digest of the manifest's version: of the tar
+    // bytes (1, the chunk's own digest then) or of the chunk list (2).
     const chunk = { digest, size: layer.length };
     await fleet.chunks.put(layer, chunk);
+    const layerDigest = layerDigestKind(manifest.schemaVersion) === 'tar' ? digest : chunkListDigest([chunk]);
     const checkpointId = 'c-hostile-0001';
     await fleet.chunks.putManifest({
       ...manifest, checkpointId, createdAtMs: Date.now(),
-      members: manifest.members.map((m) => ({ ...m, layer: { digest, size: layer.length, chunks: [{ digest: chunk.digest, size: chunk.size }] } })),
+      members: manifest.members.map((m) => ({ ...m, layer: { digest: layerDigest, size: layer.length, chunks: [{ digest: chunk.digest, size: chunk.size }] } })),
     });
     await index.create(Keys.checkpoint(groupId, checkpointId), {
-      ...good, checkpointId, createdAtMs: Date.now(), members: good.members.map((m) => ({ ...m, layerDigest: digest, sizeBytes: layer.length })), totalBytes: layer.length,
+      ...good, checkpointId, createdAtMs: Date.now(), members: good.members.map((m) => ({ ...m, layerDigest, sizeBytes: layer.length })), totalBytes: layer.length,
     });
     await groups.update(Keys.group(groupId), { ...g.value, latestCheckpointId: checkpointId }, g.revision);
 

@@ -145,10 +145,10 @@ describe('checkpoint on host A, restore on host B', () => {
     // The control plane adds what only it knows: no turn was in flight (R-G2).
     const cleanStop = { ...evidence, noTurnInFlight: true };
     const checkpoint = (checkpointId: string, savedLocator: string, paths: string[], commandId?: string) =>
-      onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId, members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator, nativeSessionPaths: paths }], cleanStop, activityVersion: 12, lastCompletedTurnId: 'turn-7' } }, commandId);
+      onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId, members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator, nativeSessionPaths: paths }], cleanStop, activityVersion: 12, lastCompletedTurnId: 'turn-7', maxManifestSchemaVersion: 2 } }, commandId);
 
     // The agent's own reading is not enough: without the control plane's "no turn in flight" it refuses.
-    const unproven = await onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId: 'cp-x', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator: SESSION, nativeSessionPaths: [HISTORY] }], cleanStop: evidence, activityVersion: 12, lastCompletedTurnId: 'turn-7' } });
+    const unproven = await onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId: 'cp-x', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator: SESSION, nativeSessionPaths: [HISTORY] }], cleanStop: evidence, activityVersion: 12, lastCompletedTurnId: 'turn-7', maxManifestSchemaVersion: 2 } });
     expect(unproven).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'unclean_stop' });
 
     // Verify before emit (R-G3): a locator the session file does not hold, or a named file the layer
@@ -166,7 +166,8 @@ describe('checkpoint on host A, restore on host B', () => {
     const result = ok(await checkpoint('cp-1', SESSION, []), 'checkpoint');
     manifest = result.manifest!;
     expect(manifest).toMatchObject({
-      schemaVersion: 1,
+      // The newest the control plane verifies (the command's max_manifest_schema_version).
+      schemaVersion: 2,
       checkpointId: 'cp-1',
       groupId: GROUP,
       placementGeneration: 1,
@@ -206,10 +207,11 @@ describe('checkpoint on host A, restore on host B', () => {
 
   it('writes no manifest when the deadline passes during the capture (R-G7: GC relies on it)', async () => {
     // The clock jumps an hour ahead as soon as the first chunk of the capture is published: the
-    // command arrived in time, its capture ended after the deadline.
+    // command arrived in time, its capture ended after the deadline. Version 1 (a control plane that
+    // verifies no newer): a full read that publishes, where version 2 would reuse cp-1's chunks unread.
     const watcher = nc.subscribe('sf.chunk.>', { max: 1, callback: () => { skewMs = 3_600_000; } });
     try {
-      const late = await onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId: 'cp-late', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator: SESSION, nativeSessionPaths: [] }], cleanStop: { ...evidence, noTurnInFlight: true }, activityVersion: 12, lastCompletedTurnId: 'turn-7' } }, undefined, Date.now() + 60_000);
+      const late = await onA(1, { $case: 'checkpoint', value: { groupId: GROUP, checkpointId: 'cp-late', members: [{ memberId: 'claude', kind: CliKind.CLAUDE_CODE, savedLocator: SESSION, nativeSessionPaths: [] }], cleanStop: { ...evidence, noTurnInFlight: true }, activityVersion: 12, lastCompletedTurnId: 'turn-7', maxManifestSchemaVersion: 1 } }, undefined, Date.now() + 60_000);
       expect(skewMs).toBe(3_600_000);
       expect(late).toMatchObject({ outcome: CommandOutcome.REFUSED, reason: 'deadline_exceeded' });
       await expect((await ChunkStore.open(nc)).getManifest('host-a', GROUP, 'cp-late')).rejects.toMatchObject({ reason: 'manifest_missing' });

@@ -330,7 +330,7 @@ describe('incremental capture (reads only what changed)', () => {
     const c2 = await capture(upper, { previous: c1.index, fullCaptureEvery: 3 });
     expect(c2.capture.mode).toBe('incremental');
     const c3 = await capture(upper, { previous: c2.index, fullCaptureEvery: 3 });
-    expect(c3.capture).toMatchObject({ mode: 'full', reason: 'periodic full read' });
+    expect(c3.capture).toMatchObject({ mode: 'full', reason: 'periodic full read', why: 'periodic' });
     await expectRestoresTo(c3, upper);
     expect(c3.index.capturesSinceFull).toBe(0);
   });
@@ -347,6 +347,7 @@ describe('incremental capture (reads only what changed)', () => {
     const c1 = await capture(upper, { previous: c0.index, publishWorker: { servers: nats.server.url } });
     expect(c1.capture.mode).toBe('full');
     expect(c1.capture.reason).toMatch(/^reuse failed/);
+    expect(c1.capture.why).toBe('reuse_failed');
     expect(await store.has(c0.layer.chunks[2]!.digest)).toBe(true); // stored again by the full read
     await expectRestoresTo(c1, upper);
   });
@@ -356,10 +357,10 @@ describe('incremental capture (reads only what changed)', () => {
     mkdirSync(upper);
     writeFileSync(join(upper, 'f'), bytesOf(3000, 8));
     const c0 = await capture(upper, { containerId: 'c1' });
-    expect((await capture(upper, { previous: c0.index, containerId: 'c1' })).capture.mode).toBe('incremental');
-    expect((await capture(upper, { previous: c0.index, containerId: 'c2' })).capture.reason).toBe('index of another container');
-    expect((await capture(upper, { previous: { ...c0.index, upperDir: '/elsewhere' }, containerId: 'c1' })).capture.reason).toBe('index of another upper dir');
-    expect((await capture(upper, { previous: c0.index, containerId: 'c1', chunker: { minSize: 128, avgSize: 512, maxSize: 2048 } })).capture.reason).toBe('index of another chunk format');
-    expect((await capture(upper, { previous: c0.index, containerId: 'c1', schemaVersion: 1 })).capture.mode).toBe('full');
+    expect((await capture(upper, { previous: c0.index, containerId: 'c1' })).capture).toMatchObject({ mode: 'incremental', why: 'incremental' });
+    expect((await capture(upper, { previous: c0.index, containerId: 'c2' })).capture).toMatchObject({ reason: 'index of another container', why: 'other_container' });
+    expect((await capture(upper, { previous: { ...c0.index, upperDir: '/elsewhere' }, containerId: 'c1' })).capture).toMatchObject({ reason: 'index of another upper dir', why: 'other_upper_dir' });
+    expect((await capture(upper, { previous: c0.index, containerId: 'c1', chunker: { minSize: 128, avgSize: 512, maxSize: 2048 } })).capture).toMatchObject({ reason: 'index of another chunk format', why: 'other_format' });
+    expect((await capture(upper, { previous: c0.index, containerId: 'c1', schemaVersion: 1 })).capture).toMatchObject({ mode: 'full', why: 'version_1' });
   });
 });

@@ -219,7 +219,7 @@ describe('configured limits and the chunk cache (CheckpointOps on the same engin
     expect((await ops.restore(restoreCmd('g-incr', v1), 1)).verified).toBe(true);
     const [member] = await new DockerRuntime(host!.docker).listMembers('g-incr');
     const upper = member!.upperDir!;
-    const cmd = (checkpointId: string) => ({ groupId: 'g-incr', checkpointId, members: [{ memberId: 'm1', kind: CliKind.CLAUDE_CODE, savedLocator: '', nativeSessionPaths: [] }], cleanStop: CLEAN_STOP, activityVersion: 1, lastCompletedTurnId: '' });
+    const cmd = (checkpointId: string) => ({ groupId: 'g-incr', checkpointId, members: [{ memberId: 'm1', kind: CliKind.CLAUDE_CODE, savedLocator: '', nativeSessionPaths: [] }], cleanStop: CLEAN_STOP, activityVersion: 1, lastCompletedTurnId: '', maxManifestSchemaVersion: 2 });
     const captured = (): Record<string, unknown> => logs.filter((l) => l.msg === 'member layer captured').at(-1)!;
     // Past the racy margin: the files were written by the restore a moment ago.
     await new Promise((r) => setTimeout(r, 2_100));
@@ -242,6 +242,12 @@ describe('configured limits and the chunk cache (CheckpointOps on the same engin
       expect(readFileSync(join(c.upperDir!, 'data/file-0.bin')).equals(readFileSync(join(upper, 'data/file-0.bin')))).toBe(true);
       expect(readFileSync(join(c.upperDir!, 'data/file-2.bin'), 'latin1').endsWith('one more line\n')).toBe(generation === 3);
     }
+    // A control plane older than max_manifest_schema_version (0) verifies version 1 only: it gets
+    // version 1, a full read, though this agent would write 2.
+    const old = await ops.checkpoint({ ...cmd('cp-3'), maxManifestSchemaVersion: 0 }, 1);
+    expect(old.schemaVersion).toBe(1);
+    expect(captured()).toMatchObject({ mode: 'full', why: 'version_1' });
+    expect((await ops.restore({ groupId: 'g-incr', manifest: old }, 4)).verified).toBe(true);
   });
 
   it('once it knows the overlay2 root, the agent extracts there while creating the container; stale staging dirs of its host are removed first', async () => {

@@ -54,7 +54,7 @@ describe('which agent answers a repeat gets back (keepResult)', () => {
   });
 
   it('never keeps a failed checkpoint (its id names the state it captures, so every retry sends it again)', () => {
-    const checkpoint = cmd({ $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'ck', activityVersion: 1, lastCompletedTurnId: '', members: [] } });
+    const checkpoint = cmd({ $case: 'checkpoint', value: { groupId: 'g', checkpointId: 'ck', activityVersion: 1, lastCompletedTurnId: '', members: [], maxManifestSchemaVersion: 2 } });
     expect(keepResult(checkpoint, result(CommandOutcome.FAILED, 'transfer_failed'))).toBe(false);
     expect(keepResult(checkpoint, result(CommandOutcome.REFUSED, 'session_files_missing'))).toBe(true);
     // A layer that breaks a rule breaks it again: kept, not captured and published again per retry.

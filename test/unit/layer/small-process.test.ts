@@ -8,6 +8,8 @@ import { DEFAULT_LAYER_LIMITS, LayerValidator } from '../../../src/core/layer-ru
 import { OverlayToOci, TAR_HEADER_ALLOWANCE, headerOnly, runTar, smallTarRun, smallTarRunsUsedCount, tarOutputBound } from '../../../src/host-agent/layer/capture.ts';
 import { TarParser } from '../../../src/host-agent/layer/tar-format.ts';
 import { runSmall, smallProcessHelper } from '../../../src/host-agent/layer/small-process.ts';
+import { AgentMetrics } from '../../../src/host-agent/metrics.ts';
+import { FleetMetrics } from '../../../src/observability/metrics.ts';
 
 const NO_INPUT = Buffer.alloc(0);
 
@@ -153,6 +155,11 @@ describe('tar runs through the helper', () => {
     expect((await direct([name])).subarray(0, viaHelper.bytes.length).equals(viaHelper.bytes)).toBe(true);
     // The helper killed while its request is out: the header still comes, from a direct run.
     const answered = smallProcessHelper.answered;
+    const unavailable = smallProcessHelper.unavailable;
+    // An agent's metrics export the count from the helper's own (read at each scrape).
+    const metrics = new AgentMetrics(new FleetMetrics());
+    const exported = async (): Promise<number> => (await metrics.smallProcessUnavailable.get()).values[0]?.value ?? 0;
+    const before = await exported();
     // Stopped first, so it cannot answer before the kill (it is quick).
     process.kill(smallProcessHelper.pid!, 'SIGSTOP');
     const pending = headerOnly(dir, name, DEFAULT_LAYER_LIMITS);
@@ -161,5 +168,7 @@ describe('tar runs through the helper', () => {
     const without = await pending;
     expect(without.bytes.equals(viaHelper.bytes)).toBe(true);
     expect(smallProcessHelper.answered).toBe(answered);
+    expect(smallProcessHelper.unavailable).toBe(unavailable + 1);
+    expect((await exported()) - before).toBe(1);
   });
 });

@@ -562,6 +562,12 @@ export interface CheckpointCommand {
   /** The group's activity_version when the command was sent; copied into the manifest (R-G4). */
   activityVersion: number;
   lastCompletedTurnId: string;
+  /**
+   * The highest CheckpointManifest.schema_version the control plane that sent this command verifies
+   * (its checkpointManifestVersion setting): the agent writes no newer manifest, so a checkpoint is
+   * never one its control plane would refuse. 0 (sent by a control plane older than this field): 1.
+   */
+  maxManifestSchemaVersion: number;
 }
 
 /** Recreate the group's containers from a checkpoint (R-G5) and prove the native session files. */
@@ -914,7 +920,11 @@ export interface MemberCheckpoint {
 
 /** The manifest that makes a checkpoint exist; written last (R-G3). */
 export interface CheckpointManifest {
-  /** Format version of this manifest; readers refuse versions they do not know (currently 1). */
+  /**
+   * Format version of this manifest; readers refuse versions they do not know. 1: each layer digest
+   * hashes the layer's tar bytes; 2: it hashes the layer's chunk list, so a checkpoint can reuse the
+   * chunks of unchanged files without reading them (every chunk is still verified by its own digest).
+   */
   schemaVersion: number;
   checkpointId: string;
   groupId: string;
@@ -3957,6 +3967,7 @@ function createBaseCheckpointCommand(): CheckpointCommand {
     cleanStop: undefined,
     activityVersion: 0,
     lastCompletedTurnId: "",
+    maxManifestSchemaVersion: 0,
   };
 }
 
@@ -3979,6 +3990,9 @@ export const CheckpointCommand: MessageFns<CheckpointCommand> = {
     }
     if (message.lastCompletedTurnId !== "") {
       writer.uint32(50).string(message.lastCompletedTurnId);
+    }
+    if (message.maxManifestSchemaVersion !== 0) {
+      writer.uint32(56).uint32(message.maxManifestSchemaVersion);
     }
     return writer;
   },
@@ -4044,6 +4058,14 @@ export const CheckpointCommand: MessageFns<CheckpointCommand> = {
             message.lastCompletedTurnId = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.maxManifestSchemaVersion = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4086,6 +4108,11 @@ export const CheckpointCommand: MessageFns<CheckpointCommand> = {
         : isSet(object.last_completed_turn_id)
         ? globalThis.String(object.last_completed_turn_id)
         : "",
+      maxManifestSchemaVersion: isSet(object.maxManifestSchemaVersion)
+        ? globalThis.Number(object.maxManifestSchemaVersion)
+        : isSet(object.max_manifest_schema_version)
+        ? globalThis.Number(object.max_manifest_schema_version)
+        : 0,
     };
   },
 
@@ -4109,6 +4136,9 @@ export const CheckpointCommand: MessageFns<CheckpointCommand> = {
     if (message.lastCompletedTurnId !== "") {
       obj.lastCompletedTurnId = message.lastCompletedTurnId;
     }
+    if (message.maxManifestSchemaVersion !== 0) {
+      obj.maxManifestSchemaVersion = Math.round(message.maxManifestSchemaVersion);
+    }
     return obj;
   },
 
@@ -4125,6 +4155,7 @@ export const CheckpointCommand: MessageFns<CheckpointCommand> = {
       : undefined;
     message.activityVersion = object.activityVersion ?? 0;
     message.lastCompletedTurnId = object.lastCompletedTurnId ?? "";
+    message.maxManifestSchemaVersion = object.maxManifestSchemaVersion ?? 0;
     return message;
   },
 };
