@@ -361,12 +361,20 @@ export async function protectAfterTurn(ctx: GroupOpsDeps, ops: GroupOps, groupId
         i -= 1;
         continue;
       }
-      // A lost compare-and-set (e.g. two takers of one checkpoint) is judged again; anything else
-      // (host unreachable, a refused capture) leaves the group to the idle queue.
-      if (!(err instanceof CasConflictError)) return { protected: false, acted, why: 'failed', error };
+      // A lost compare-and-set (e.g. two takers of one checkpoint) is judged again, and so is a
+      // failure after which the group record moved on: a turn that began meanwhile started the group
+      // again, and the agent refused to checkpoint a running group (seen with protect_in_background).
+      // Anything else (host unreachable, a refused capture) leaves the group to the idle queue.
+      if (!(err instanceof CasConflictError) && !(await movedOn(ops, groupId, gv.revision))) return { protected: false, acted, why: 'failed', error };
     }
   }
   return { protected: false, acted, why: 'failed', error: error ?? 'no progress' };
+}
+
+/** The group's stored record is no longer the one a step was decided on (unreadable: not known to have). */
+async function movedOn(ops: GroupOps, groupId: string, decidedOn: number): Promise<boolean> {
+  const now = await ops.get(groupId).catch(() => undefined);
+  return now !== undefined && now.revision !== decidedOn;
 }
 
 function errorText(err: unknown): string {

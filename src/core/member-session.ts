@@ -296,6 +296,10 @@ export function beginTurn(member: MemberSession, request: BeginRequest, observat
 
   if (!retained) {
     const running = observation.runningProcess;
+    // R-S6 holds before a first session too: the process of a turn that failed before creating one
+    // and whose exit nobody confirmed is ended (its container run restarted) before the next start.
+    const lingering = mayStillRun(member.reclaim, observation) ? running : undefined;
+    if (lingering !== undefined) return begun(member, { turnId: request.turnId, contextState: 'NEW', startedAtMs: nowMs }, true, lingering);
     return begun(member, { turnId: request.turnId, contextState: 'NEW', startedAtMs: nowMs, ...(running ? { process: running } : {}) }, running === undefined, undefined);
   }
   const locator = member.savedLocator as Locator;
@@ -391,18 +395,19 @@ export function completeTurn(member: MemberSession, completion: TurnCompletion):
     return unconfirmed('locator_unobserved', 'locator_missing', identity('locator_invalid', 'observed locator is not a valid session id'));
   }
   const observed = parsed?.value;
-
-  if (observed === undefined) {
-    // A first turn that failed before the CLI created a session leaves nothing native behind.
-    if (expected === undefined && !end.success && end.cleanupFinished && end.transportUsable) {
-      return done({ phase: 'FRESH' }, 'failed_before_session');
-    }
-    return unconfirmed('locator_unobserved', 'locator_missing', identity('locator_missing', 'no session id observed at turn end'));
-  }
   const turnProcess = inFlight.contextState === 'LIVE' ? inFlight.process : completion.process;
   // R-S6: a process that is not reused and whose exit nobody confirmed is reclaimed before the next start.
   const reclaimUnlessExited = (reused: boolean): Partial<MemberSession> =>
     !reused && turnProcess !== undefined && end.exitConfirmed !== true ? { reclaim: turnProcess } : {};
+
+  if (observed === undefined) {
+    // A first turn that failed before the CLI created a session leaves nothing native behind; its
+    // process is not reused (a NEW turn starts clean) and is reclaimed unless its exit was confirmed.
+    if (expected === undefined && !end.success && end.cleanupFinished && end.transportUsable) {
+      return done({ phase: 'FRESH', ...reclaimUnlessExited(false) }, 'failed_before_session');
+    }
+    return unconfirmed('locator_unobserved', 'locator_missing', identity('locator_missing', 'no session id observed at turn end'));
+  }
   if (expected !== undefined && observed !== expected) {
     // R-S2: the turn fails, the saved locator stays. The process that ran it is attached to another
     // session, so it is not reused: the next turn starts a new process on the saved session.

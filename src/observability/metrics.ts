@@ -186,7 +186,8 @@ export class FleetMetrics {
     for (const result of ['succeeded', 'lost', 'checkpoint_refused', 'restore_failed']) this.migrations.inc({ result }, 0);
     this.migrationDuration.zero({ result: 'succeeded' });
     for (const phase of ['capture', 'checkpoint', 'restore', 'restore_validate']) this.checkpointDuration.zero({ phase });
-    for (const kind of ['layer', 'stored']) this.checkpointBytes.inc({ kind }, 0);
+    for (const kind of ['layer', 'stored', 'reused_unread']) this.checkpointBytes.inc({ kind }, 0);
+    for (const [mode, why] of [['full', 'no_index'], ['incremental', 'incremental']] as const) this.layerCaptures.inc({ mode, why }, 0);
   }
 
   /**

@@ -228,6 +228,22 @@ describe('complete: locators and evidence (R-S2, R-S5, R-S6)', () => {
     expect(began(beginTurn(c.member, { turnId: 't2' }, present(), 1)).contextState).toBe('NEW');
   });
 
+  it('R-S6 before a first session: the failed turn\'s process is reclaimed before the next start unless its exit was confirmed', () => {
+    const b = began(beginTurn(newMemberSession('m1', 'claude_code'), { turnId: 't1' }, present(P1), 0));
+    const lingering = completed(completeTurn(b.member, { turnId: 't1', end: failedKept, process: P1 })).member;
+    expect([lingering.phase, lingering.reclaim]).toEqual(['FRESH', P1]);
+    // Still running: its container run is restarted and the NEW turn starts a new process.
+    const next = began(beginTurn(lingering, { turnId: 't2' }, present(P1), 1));
+    expect(next).toMatchObject({ contextState: 'NEW', reclaimProcess: P1, startProcess: true });
+    expect(next.member.reclaim).toBeUndefined();
+    // The container restarted meanwhile: nothing left to reclaim; the NEW turn runs on the new run.
+    expect(began(beginTurn(lingering, { turnId: 't2' }, present(P2), 1))).toMatchObject({ contextState: 'NEW', startProcess: false });
+    expect(began(beginTurn(lingering, { turnId: 't2' }, present(P2), 1)).reclaimProcess).toBeUndefined();
+    // Its exit confirmed: nothing to reclaim.
+    const exited = completed(completeTurn(b.member, { turnId: 't1', end: { ...failedKept, processExits: true, exitConfirmed: true }, process: P1 })).member;
+    expect(exited.reclaim).toBeUndefined();
+  });
+
   it('completion is idempotent per turnId; an unknown turn is NOT_FOUND', () => {
     const b = began(beginTurn(retained(), { turnId: 't2' }, present(P1), 5));
     const c = completed(completeTurn(b.member, { turnId: 't2', observedLocator: L1, end: success }));

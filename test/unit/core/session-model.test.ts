@@ -284,6 +284,12 @@ function run(actions: Action[]): void {
           expect(r.contextState).toBe('NEW');
           expect(mm.completed).toBe(0);
           expect(r.effectiveLocator).toBeUndefined();
+          // R-S6 before a first session too: the process of a turn that failed before creating one
+          // and may still run is ended first, nothing else (the world's rule, then the model's).
+          if (w.running !== undefined && w.turnProcs?.has(w.running.incarnation) === true) expect(r.reclaimProcess).toEqual(w.running);
+          for (const p of w.procs) if (w.turnProcs?.has(p.incarnation) === true) expect(r.reclaimProcess).toEqual(w.running);
+          expect(r.reclaimProcess).toEqual(mayRun(mm.reclaim) ? w.running : undefined);
+          if (r.reclaimProcess !== undefined) hit('begin:reclaim:fresh');
         } else if (reusable) {
           // LIVE only on the very process that ran the last turn and was left reusable.
           expect(r.contextState).toBe('LIVE');
@@ -387,6 +393,8 @@ function run(actions: Action[]): void {
           expect(r.outcome).toBe('failed_before_session');
           expect(r.member.phase).toBe('FRESH');
           delete mm.live;
+          // Not reused by the NEW turn that follows: reclaimed unless its exit was confirmed (R-S6).
+          reclaimUnlessExited();
         } else if (expected !== undefined && observed !== expected) {
           // R-S2: refused and the saved locator is kept.
           expect(r.outcome).toBe('locator_mismatch');
