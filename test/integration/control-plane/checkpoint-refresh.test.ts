@@ -6,13 +6,12 @@
 // stopped, dockerd stopped, data root deleted): it is restored on the other host and its next turn is
 // RESTORED with its locator. A refresh that finds a stopped group's containers gone from a live host
 // recovers the group from its checkpoint on another host, with nobody calling.
-import { rm } from 'node:fs/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { Keys } from '../../../src/control-plane/state.ts';
 import { CheckpointRecordSchema } from '../../../src/control-plane/records.ts';
 import { FleetMetrics } from '../../../src/observability/metrics.ts';
-import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
+import { startFleet, stoppedAfterOneTurn, type Fleet } from './fleet-harness.ts';
 
 const MAX_AGE_MS = 20_000;
 let fleet: Fleet;
@@ -34,12 +33,7 @@ afterAll(async () => {
 
 describe('checkpoint refresh of cleanly stopped groups', () => {
   it('keeps an idle group restorable after a host loss beyond the checkpoint maximum age', async () => {
-    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-idle', members: [{ memberId: 'm1', cli: 'claude_code' }] });
-    const groupId = group.groupId;
-    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
-    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-idle');
-    await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-idle', evidence: SUCCESS });
-    await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
+    const { groupId, begun } = await stoppedAfterOneTurn(fleet, plane, 'conv-idle', 'sess-idle');
     const stopped = await fleet.group(groupId);
     const first = stopped.latestCheckpointId!;
     expect(first).toBeDefined();
@@ -68,13 +62,10 @@ describe('checkpoint refresh of cleanly stopped groups', () => {
     expect((await fleet.group(groupId)).latestCheckpointId).toBe(refreshed.latestCheckpointId);
 
     // Idle past the maximum age of the first checkpoint, then the host dies.
-    await fleet.startAgentOn('host-b', 1);
-    await fleet.waitFor('host-b READY', async () => ((await fleet.host('host-b')).lifecycle.state === 'READY' ? true : undefined));
+    await fleet.startReadyAgentOn('host-b', 1);
     const idleUntil = firstCreatedAt + MAX_AGE_MS + 2_000;
     await new Promise((r) => setTimeout(r, Math.max(0, idleUntil - Date.now())));
-    await fleet.stopAgent('host-a');
-    await fleet.hosts[0]!.stop();
-    await rm(fleet.hosts[0]!.dataRoot, { recursive: true, force: true });
+    await fleet.killHost('host-a');
 
     const moved = await fleet.waitFor('group restored on host-b', async () => {
       const g = await fleet.group(groupId);
@@ -90,15 +81,9 @@ describe('checkpoint refresh of cleanly stopped groups', () => {
 
   it('a refresh that finds the containers of a stopped group gone from a live host recovers the group from its checkpoint elsewhere', async () => {
     // host-a is dead (previous test); host-c joins, and the group's host loses its containers.
-    await fleet.startAgentOn('host-c', 2);
-    await fleet.waitFor('host-c READY', async () => ((await fleet.host('host-c')).lifecycle.state === 'READY' ? true : undefined));
-    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-idle-gone', members: [{ memberId: 'm1', cli: 'claude_code' }] });
-    const groupId = group.groupId;
-    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+    await fleet.startReadyAgentOn('host-c', 2);
+    const { groupId, begun } = await stoppedAfterOneTurn(fleet, plane, 'conv-idle-gone', 'sess-idle-gone');
     const lostOn = begun.hostId;
-    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-idle-gone');
-    await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-idle-gone', evidence: SUCCESS });
-    await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
     const stopped = await fleet.group(groupId);
     const docker = fleet.hosts[lostOn === 'host-b' ? 1 : 2]!.docker;
     for (const c of await docker.listContainers({ all: true, filters: { label: [`sandboxfleet.group=${groupId}`] } })) await docker.getContainer(c.Id).remove({ force: true });

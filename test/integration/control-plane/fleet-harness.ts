@@ -2,6 +2,7 @@
 // one sandbox image (same id everywhere), real host agents (in-process, their own NATS
 // connections) and real ControlPlane replicas over the same state store. Nothing is mocked; the
 // test drives the control plane through its RunnerBackend and operator actions.
+import { randomUUID } from 'node:crypto';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -55,7 +56,11 @@ export interface Fleet {
   /** `heartbeatNc`: the plane's heartbeat connection (default: the fleet's, straight to the server). */
   startPlane(opts?: { replicaId?: string; stepHook?: StepHook; autoReconcile?: boolean; metrics?: FleetMetrics; elector?: Elector; heartbeatNc?: NatsConnection }): Promise<ControlPlane>;
   startAgentOn(hostId: string, index: number, overrides?: Record<string, unknown>): Promise<InProcessAgent>;
+  /** startAgentOn, then wait until the control plane has the host READY. */
+  startReadyAgentOn(hostId: string, index: number): Promise<InProcessAgent>;
   stopAgent(hostId: string): Promise<void>;
+  /** The host dies: its agent stops, its dockerd stops, its data root is deleted. */
+  killHost(hostId: string): Promise<void>;
   group(groupId: string): Promise<GroupRecord>;
   host(hostId: string): Promise<HostRecord>;
   waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs?: number): Promise<T>;
@@ -155,6 +160,18 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
       hostIndex.set(hostId, index);
       return agent;
     },
+    async startReadyAgentOn(hostId, index) {
+      const agent = await fleet.startAgentOn(hostId, index);
+      await fleet.waitFor(`${hostId} READY`, async () => ((await fleet.host(hostId)).lifecycle.state === 'READY' ? true : undefined));
+      return agent;
+    },
+    async killHost(hostId) {
+      const host = hosts[hostIndex.get(hostId) ?? -1];
+      if (host === undefined) throw new Error(`no agent was started on ${hostId}`);
+      await fleet.stopAgent(hostId);
+      await host.stop();
+      await rm(host.dataRoot, { recursive: true, force: true });
+    },
     async writeSession(hostId, containerId, locator, cli = 'claude_code') {
       const host = hosts[hostIndex.get(hostId) ?? -1];
       if (host === undefined) throw new Error(`no agent was started on ${hostId}`);
@@ -197,6 +214,21 @@ export async function startFleet(hostCount: number, configOverrides: Partial<Con
     },
   };
   return fleet;
+}
+
+/**
+ * A one-member (claude_code) conversation that ran one turn, which saved `locator`, and was then
+ * stopped by its runner: cleanly, with a checkpoint.
+ */
+export async function stoppedAfterOneTurn(fleet: Fleet, plane: ControlPlane, conversationId: string, locator: string) {
+  const key = (): string => `${conversationId}-${randomUUID()}`;
+  const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId, members: [{ memberId: 'm1', cli: 'claude_code' }] });
+  const groupId = group.groupId;
+  const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
+  await fleet.writeSession(begun.hostId, begun.containerId, locator);
+  await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: locator, evidence: SUCCESS });
+  const stopped = await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
+  return { groupId, begun, stopped };
 }
 
 /** Turn-end evidence of a successful native turn (what the runner SDK reports). */

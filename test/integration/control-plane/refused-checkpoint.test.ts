@@ -14,12 +14,10 @@ import type { ControlPlane } from '../../../src/control-plane/control-plane.ts';
 import { chunkListDigest, layerDigestKind } from '../../../src/core/checkpoint-manifest.ts';
 import { CheckpointRecordSchema, GroupRecordSchema } from '../../../src/control-plane/records.ts';
 import { Keys } from '../../../src/control-plane/state.ts';
-import { SUCCESS, startFleet, type Fleet } from './fleet-harness.ts';
+import { startFleet, stoppedAfterOneTurn, type Fleet } from './fleet-harness.ts';
 
 let fleet: Fleet;
 let plane: ControlPlane;
-let n = 0;
-const key = () => `rc-${++n}`;
 
 beforeAll(async () => {
   fleet = await startFleet(3);
@@ -46,12 +44,7 @@ async function hostileLayer(): Promise<Buffer> {
 
 describe('a restore refused for the checkpoint\'s data', () => {
   it('is LOST checkpoint_corrupt at once with the agent\'s reason, not retried on other hosts, and MigrateGroup says so', async () => {
-    const { group } = await plane.runner.openGroup({ idempotencyKey: key(), conversationId: 'conv-hostile', members: [{ memberId: 'm1', cli: 'claude_code' }] });
-    const groupId = group.groupId;
-    const begun = await plane.runner.beginTurn({ idempotencyKey: key(), groupId, memberId: 'm1' });
-    await fleet.writeSession(begun.hostId, begun.containerId, 'sess-hostile');
-    await plane.runner.completeTurn({ idempotencyKey: key(), groupId, memberId: 'm1', turnId: begun.turnId, observedLocator: 'sess-hostile', evidence: SUCCESS });
-    const stopped = await plane.runner.stopGroup({ idempotencyKey: key(), groupId });
+    const { groupId, stopped } = await stoppedAfterOneTurn(fleet, plane, 'conv-hostile', 'sess-hostile');
     expect(stopped.checkpointId).toBeDefined();
 
     // Plant a checkpoint of this very state whose digests are right and whose tar is hostile.
